@@ -1,0 +1,19 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dkit::app {
+
+/// The arguments a verb receives: the program name as `dkit VERB`, then everything after the verb.
+struct Args {
+  /// `dkit VERB`, for usage lines.
+  std::string program;
+  /// argv-style pointers into the process's arguments, the first one being `program`.
+  std::vector<char*> argv;
+};
+
+/// `dkit devices [--json]`.
+int run_devices(Args args);
+
+} // namespace dkit::app

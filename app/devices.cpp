@@ -1,0 +1,26 @@
+#include "commands.h"
+
+#include <dkit/device/report.h>
+
+#include <cxxopts.hpp>
+
+#include <iostream>
+
+namespace dkit::app {
+
+int run_devices(Args args) {
+  cxxopts::Options options(args.program, "Report the devices this process can use: GPUs with their memory, the "
+                                         "LibTorch, CUDA and cuDNN versions, CPU threads and the BLAS in use, and "
+                                         "why CUDA is not available when it is not.");
+  options.add_options()("json", "print the report as JSON")("h,help", "show this help");
+  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  if (result.count("help") != 0) {
+    std::cout << options.help();
+    return 0;
+  }
+  const DeviceReport report = device_report();
+  std::cout << (result["json"].as<bool>() ? report_to_json(report) : format_report(report));
+  return 0;
+}
+
+} // namespace dkit::app

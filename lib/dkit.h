@@ -1,0 +1,9 @@
+#pragma once
+
+/// The whole dkit library: `#include <dkit/dkit.h>`.
+
+#include <dkit/config.h>
+#include <dkit/core/error.h>
+#include <dkit/device/device.h>
+#include <dkit/device/report.h>
+#include <dkit/model/mlp.h>

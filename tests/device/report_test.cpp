@@ -1,0 +1,178 @@
+#include <dkit/device/report.h>
+
+#include <dkit/config.h>
+
+#include <torch/version.h>
+
+#include "../support.h"
+
+namespace dkit {
+namespace {
+
+TEST(CudaProbeTest, ClassifiesEveryCase) {
+  CudaProbe probe;
+  EXPECT_EQ(classify_cuda(probe), CudaStatus::kNotBuilt);
+  probe.built_with_cuda = true;
+  EXPECT_EQ(classify_cuda(probe), CudaStatus::kNotLinked);
+  probe.cuda_backend_loaded = true;
+  EXPECT_EQ(classify_cuda(probe), CudaStatus::kNoDevice);
+  probe.device_count = 2;
+  EXPECT_EQ(classify_cuda(probe), CudaStatus::kAvailable);
+  EXPECT_EQ(explain_cuda(probe), "");
+}
+
+TEST(CudaProbeTest, ExplainsAMissingLinkOfLibtorchCuda) {
+  CudaProbe probe;
+  probe.built_with_cuda = true;
+  EXPECT_EQ(explain_cuda(probe),
+            "dkit was built against a CUDA LibTorch but libtorch_cuda.so is not loaded: the linker dropped it "
+            "(--as-needed); link the program with -Wl,--no-as-needed,-ltorch_cuda -Wl,--as-needed");
+}
+
+TEST(CudaProbeTest, ExplainsHiddenDevices) {
+  CudaProbe probe;
+  probe.built_with_cuda = true;
+  probe.cuda_backend_loaded = true;
+  probe.visible_devices = "";
+  EXPECT_EQ(explain_cuda(probe), "LibTorch has CUDA, but CUDA_VISIBLE_DEVICES='' hides every GPU");
+  probe.visible_devices = "-1";
+  EXPECT_EQ(explain_cuda(probe), "LibTorch has CUDA, but CUDA_VISIBLE_DEVICES='-1' hides every GPU");
+}
+
+TEST(CudaProbeTest, ExplainsAMissingDriver) {
+  CudaProbe probe;
+  probe.built_with_cuda = true;
+  probe.cuda_backend_loaded = true;
+  probe.runtime_error = "CUDA driver version is insufficient for CUDA runtime version";
+  EXPECT_EQ(explain_cuda(probe),
+            "LibTorch has CUDA, but no GPU is visible (CUDA runtime: CUDA driver version is insufficient for CUDA "
+            "runtime version): is the NVIDIA driver installed, and was the container started with --gpus all?");
+}
+
+TEST(CudaProbeTest, ProbeOfThisProcessAgreesWithTheBuild) {
+  const CudaProbe probe = probe_cuda();
+  EXPECT_EQ(probe.built_with_cuda, DKIT_WITH_CUDA == 1);
+  EXPECT_EQ(probe.device_count, num_gpus());
+  EXPECT_EQ(cuda_unavailable_reason().empty(), num_gpus() > 0);
+}
+
+TEST(BlasTest, IdentifiesOpenBlasThroughDebianAlternatives) {
+  const std::vector<LoadedLibrary> libraries = {
+      {"/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"},
+      {"/lib/x86_64-linux-gnu/libblas.so.3", "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3"},
+  };
+  const BlasInfo info = identify_blas(libraries, "", false);
+  EXPECT_EQ(info.name, "OpenBLAS");
+  EXPECT_EQ(info.path, "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3");
+  EXPECT_FALSE(info.is_reference);
+}
+
+TEST(BlasTest, IdentifiesTheReferenceBlas) {
+  const std::vector<LoadedLibrary> libraries = {
+      {"/lib/x86_64-linux-gnu/libblas.so.3", "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3"},
+  };
+  const BlasInfo info = identify_blas(libraries, "", false);
+  EXPECT_EQ(info.name, "reference BLAS");
+  EXPECT_TRUE(info.is_reference);
+}
+
+TEST(BlasTest, OpenBlasConfigWinsAndMklIsTheFallback) {
+  const std::vector<LoadedLibrary> libraries = {{"/opt/lib/libblas.so.3", "/opt/lib/libblas.so.3"}};
+  const BlasInfo openblas = identify_blas(libraries, "OpenBLAS 0.3.21 DYNAMIC_ARCH", false);
+  EXPECT_EQ(openblas.name, "OpenBLAS");
+  EXPECT_EQ(openblas.detail, "OpenBLAS 0.3.21 DYNAMIC_ARCH");
+  EXPECT_EQ(identify_blas({}, "", true).name, "MKL");
+  EXPECT_EQ(identify_blas({}, "", false).name, "unknown");
+}
+
+TEST(BlasTest, WarnsAboutTheReferenceBlasAndOversubscription) {
+  BlasInfo reference;
+  reference.name = "reference BLAS";
+  reference.path = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  reference.is_reference = true;
+  const auto warnings = performance_warnings(reference, 2, 2);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "the reference BLAS (/usr/lib/x86_64-linux-gnu/blas/libblas.so.3) is loaded: CPU matrix products run "
+            "about 10x slower; install OpenBLAS with 'apt-get install libopenblas0-openmp'");
+
+  BlasInfo pthreads;
+  pthreads.name = "OpenBLAS";
+  pthreads.threading = "pthreads";
+  pthreads.threads = 8;
+  const auto oversubscribed = performance_warnings(pthreads, 8, 4);
+  ASSERT_EQ(oversubscribed.size(), 2u);
+  EXPECT_EQ(oversubscribed[0],
+            "OpenBLAS runs its own 8 pthreads beside LibTorch's 8 OpenMP threads, which oversubscribes the CPU; "
+            "install libopenblas0-openmp or set OPENBLAS_NUM_THREADS=1");
+  EXPECT_EQ(oversubscribed[1],
+            "LibTorch uses 8 threads but this process may run on 4 CPUs; set OMP_NUM_THREADS=4");
+
+  BlasInfo openmp;
+  openmp.name = "OpenBLAS";
+  openmp.threading = "OpenMP";
+  openmp.threads = 2;
+  EXPECT_TRUE(performance_warnings(openmp, 2, 2).empty());
+  const auto underused = performance_warnings(openmp, 1, 2);
+  ASSERT_EQ(underused.size(), 1u);
+  EXPECT_EQ(underused[0], "LibTorch uses 1 of the 2 CPUs this process may run on; set OMP_NUM_THREADS=2 to use them all");
+}
+
+TEST(DeviceReportTest, DescribesThisProcess) {
+  const DeviceReport report = device_report();
+  EXPECT_EQ(report.dkit_version, DKIT_VERSION);
+  EXPECT_EQ(report.torch_version, TORCH_VERSION);
+  EXPECT_EQ(report.cuda_status == CudaStatus::kAvailable, num_gpus() > 0);
+  EXPECT_EQ(static_cast<int64_t>(report.gpus.size()), num_gpus());
+  EXPECT_EQ(report.cpu_threads, at::get_num_threads());
+  EXPECT_GT(report.cpus_available, 0);
+  EXPECT_FALSE(report.blas.name.empty());
+  ASSERT_FALSE(report.capabilities.empty());
+  EXPECT_EQ(report.capabilities[0].name, "cuda");
+}
+
+TEST(DeviceReportTest, TextReportSaysWhyCudaIsUnavailable) {
+  const DeviceReport report = device_report();
+  const std::string text = format_report(report);
+  EXPECT_NE(text.find("LibTorch " + report.torch_version), std::string::npos);
+  EXPECT_NE(text.find("BLAS   " + report.blas.name), std::string::npos);
+  if (num_gpus() == 0) {
+    EXPECT_NE(text.find("CUDA   not available: " + report.cuda_reason), std::string::npos);
+  }
+}
+
+TEST(DeviceReportTest, JsonReportCarriesTheSameFacts) {
+  DeviceReport report;
+  report.dkit_version = "9.9.9";
+  report.torch_version = "1.13.0";
+  report.cuda_status = CudaStatus::kNoDevice;
+  report.cuda_reason = "none";
+  report.blas.name = "OpenBLAS";
+  report.capabilities.push_back({"cuda", true, ""});
+  GpuInfo gpu_info;
+  gpu_info.index = 0;
+  gpu_info.name = "Test GPU";
+  gpu_info.major = 9;
+  report.gpus.push_back(gpu_info);
+  report.warnings.push_back("careful");
+  const std::string json = report_to_json(report);
+  EXPECT_NE(json.find(R"("cuda_status":"no_device")"), std::string::npos);
+  EXPECT_NE(json.find(R"("capabilities":{"cuda":true})"), std::string::npos);
+  EXPECT_NE(json.find(R"("name":"Test GPU","compute_capability":"9.0")"), std::string::npos);
+  EXPECT_NE(json.find(R"("warnings":["careful"])"), std::string::npos);
+}
+
+TEST(DeviceReportTest, ListsGpus_CUDA) {
+  const DeviceReport report = device_report();
+  ASSERT_EQ(static_cast<int64_t>(report.gpus.size()), num_gpus());
+  EXPECT_FALSE(report.cuda_version.empty());
+  for (const auto& gpu_info : report.gpus) {
+    EXPECT_FALSE(gpu_info.name.empty());
+    EXPECT_GT(gpu_info.multiprocessors, 0);
+    EXPECT_GT(gpu_info.total_memory, 0);
+    EXPECT_LE(gpu_info.free_memory, gpu_info.total_memory);
+  }
+}
+
+} // namespace
+} // namespace dkit

@@ -1,0 +1,73 @@
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+
+namespace dkit::test {
+
+/// Seeds LibTorch's generators before every test, as LibTorch's own test/cpp/api/support.h does.
+class SeedingFixture : public ::testing::Test {
+ protected:
+  SeedingFixture() {
+    torch::manual_seed(0);
+  }
+};
+
+/// A fresh directory under the system's temporary directory, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  /// The directory.
+  const std::filesystem::path& path() const {
+    return path_;
+  }
+
+  /// `path() / name` as a string.
+  std::string file(const std::string& name) const {
+    return (path_ / name).string();
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "dkit-test-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    throw std::runtime_error("mkdtemp failed for " + pattern);
+  }
+  path_ = pattern;
+}
+
+inline TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+/// A committed fixture file made by real PyTorch (see tests/fixtures/make_fixtures.py).
+inline std::string fixture(const std::string& name) {
+  return std::string(DKIT_FIXTURES_DIR) + "/" + name;
+}
+
+/// The message of the dkit::Error (or c10::Error, without its backtrace, or any std::exception) that `fn` throws; fails the test when it throws none.
+template <typename Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+} // namespace dkit::test
