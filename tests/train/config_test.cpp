@@ -1,0 +1,171 @@
+#include <dkit/train/config.h>
+
+#include "../support.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace dkit {
+namespace {
+
+using test::error_message;
+
+class ConfigTest : public test::SeedingFixture {};
+
+FullTrainConfig resolve(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  return FullTrainConfig(parse_config(yaml, "test.yaml", "/base", overrides));
+}
+
+TEST_F(ConfigTest, EmptyConfigTakesEveryDefault) {
+  const FullTrainConfig c = resolve("data: {path: d.csv}");
+  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.seed, 0);
+  EXPECT_EQ(c.data_source, DataSource::kCsv);
+  EXPECT_EQ(c.data_path, "/base/d.csv");
+  EXPECT_EQ(c.label_column, -1);
+  EXPECT_EQ(c.scaling, "standardize");
+  EXPECT_DOUBLE_EQ(c.val_fraction, 0.2);
+  EXPECT_EQ(c.hidden, (std::vector<int64_t>{256, 256}));
+  EXPECT_EQ(c.activation, "relu");
+  EXPECT_EQ(c.epochs, 10);
+  EXPECT_EQ(c.max_steps, 0);
+  EXPECT_EQ(c.batch_size, 64);
+  EXPECT_DOUBLE_EQ(c.lr, 0.001);
+  EXPECT_EQ(c.optimizer, OptimizerKind::kAdam);
+  EXPECT_EQ(c.log_every, 50);
+  EXPECT_EQ(c.checkpoint_every, 500);
+  EXPECT_EQ(c.placement, "auto");
+  EXPECT_EQ(c.prefetch, 2);
+  EXPECT_TRUE(c.shuffle);
+  EXPECT_FALSE(c.drop_last);
+  EXPECT_EQ(c.dist_backend, "auto");
+}
+
+TEST_F(ConfigTest, ReadsEverySectionAndRecordsWhereEachKeyCameFrom) {
+  const TrainConfig raw = parse_config(
+      "device: cpu\nseed: 7\ndata:\n  path: d.csv\n  scaling: minmax\nmodel:\n  hidden: [8, 4]\n  dropout: 0.5\n"
+      "train:\n  lr: 0.1\n  optimizer: sgd\nloader:\n  placement: device\n  drop_last: true\n",
+      "test.yaml", "/base");
+  EXPECT_EQ(raw.origins.at("train.lr"), "test.yaml line 10");
+  EXPECT_EQ(raw.origins.count("train.epochs"), 0u);
+  const FullTrainConfig c(raw);
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.seed, 7);
+  EXPECT_EQ(c.scaling, "minmax");
+  EXPECT_EQ(c.hidden, (std::vector<int64_t>{8, 4}));
+  EXPECT_DOUBLE_EQ(c.dropout, 0.5);
+  EXPECT_DOUBLE_EQ(c.lr, 0.1);
+  EXPECT_EQ(c.optimizer, OptimizerKind::kSgd);
+  EXPECT_EQ(c.placement, "device");
+  EXPECT_TRUE(c.drop_last);
+}
+
+TEST_F(ConfigTest, SetValuesAreYamlAndReachIntoSections) {
+  const FullTrainConfig c = resolve("data: {path: d.csv}\nmodel: {hidden: [4]}\n",
+                                    {"model.hidden=[256,256]", "train.lr=0.5", "seed=3", "loader.shuffle=false"});
+  EXPECT_EQ(c.hidden, (std::vector<int64_t>{256, 256}));
+  EXPECT_DOUBLE_EQ(c.lr, 0.5);
+  EXPECT_EQ(c.seed, 3);
+  EXPECT_FALSE(c.shuffle);
+}
+
+TEST_F(ConfigTest, SetPathIsRelativeToTheCurrentFolder) {
+  const FullTrainConfig c = resolve("data: {path: d.csv}", {"data.path=other.csv"});
+  EXPECT_EQ(c.data_path, (std::filesystem::current_path() / "other.csv").string());
+}
+
+TEST_F(ConfigTest, UnknownKeysAreErrorsThatNameTheKey) {
+  EXPECT_EQ(error_message([] { parse_config("train:\n  epochs: 3\n  lrr: 0.1\n", "test.yaml", "/base"); }),
+            "unknown config key 'train.lrr' (test.yaml line 3); known keys in 'train': epochs, max_steps, batch_size, "
+            "lr, optimizer, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints");
+  EXPECT_EQ(error_message([] { parse_config("devcie: cpu\n", "test.yaml", "/base"); }),
+            "unknown config key 'devcie' (test.yaml line 1); known keys: device, seed, threads, data, model, train, "
+            "loader, dist");
+  EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"train.lrr=1"}); }),
+            "unknown config key 'train.lrr' (--set train.lrr=1); known keys in 'train': epochs, max_steps, batch_size, "
+            "lr, optimizer, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints");
+  EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"a.b.c=1"}); }),
+            "unknown config key 'a.b.c' (--set a.b.c=1); known keys: device, seed, threads, data, model, train, "
+            "loader, dist");
+}
+
+TEST_F(ConfigTest, WrongTypesAreErrors) {
+  EXPECT_EQ(error_message([] { parse_config("train:\n  lr: fast\n", "test.yaml", "/base"); }),
+            "config key 'train.lr' (test.yaml line 2) expects a number, got 'fast'");
+  EXPECT_EQ(error_message([] { parse_config("train:\n  batch_size: 6.5\n", "test.yaml", "/base"); }),
+            "config key 'train.batch_size' (test.yaml line 2) expects an integer, got '6.5'");
+  EXPECT_EQ(error_message([] { parse_config("model:\n  hidden: 256\n", "test.yaml", "/base"); }),
+            "config key 'model.hidden' (test.yaml line 2) expects a list of integers, got '256'");
+  EXPECT_EQ(error_message([] { parse_config("model:\n  hidden: [256, x]\n", "test.yaml", "/base"); }),
+            "config key 'model.hidden' (test.yaml line 2) expects a list of integers, got 'x'");
+  EXPECT_EQ(error_message([] { parse_config("loader: {shuffle: maybe}\n", "test.yaml", "/base"); }),
+            "config key 'loader.shuffle' (test.yaml line 1) expects true or false, got 'maybe'");
+  EXPECT_EQ(error_message([] { parse_config("train: 3\n", "test.yaml", "/base"); }),
+            "config section 'train' (test.yaml line 1) must be a map of keys, got '3'");
+  EXPECT_EQ(error_message([] { parse_config("- a\n- b\n", "test.yaml", "/base"); }),
+            "test.yaml: a config must be a map of keys, got a list");
+}
+
+TEST_F(ConfigTest, OutOfRangeValuesAreErrors) {
+  EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}", {"train.lr=-1"}); }),
+            "config key 'train.lr' (--set train.lr=-1) must be a positive number, got -1");
+  EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}", {"train.batch_size=0"}); }),
+            "config key 'train.batch_size' (--set train.batch_size=0) must be at least 1, got 0");
+  EXPECT_EQ(error_message([] { resolve("data: {path: d.csv, val_fraction: 1}"); }),
+            "config key 'data.val_fraction' (test.yaml line 1) must be in [0, 1), got 1");
+  EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}\ntrain: {optimizer: lbfgs}"); }),
+            "config key 'train.optimizer' (test.yaml line 2) must be one of sgd, adam, adamw, got 'lbfgs'");
+  EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}\ndevice: gpu0"); }),
+            "config key 'device' (test.yaml line 2) must be auto, cpu, cuda or cuda:N, got 'gpu0'");
+  EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}\nmodel: {hidden: [8, 0]}"); }),
+            "config key 'model.hidden' (test.yaml line 2) must be a list of positive widths, got 0");
+  EXPECT_EQ(error_message([] { resolve(""); }), "config key 'data.path' is required when data.source is csv");
+}
+
+TEST_F(ConfigTest, BrokenYamlNamesTheFileAndLine) {
+  EXPECT_EQ(error_message([] { parse_config("train:\n  lr: [0.1\n  epochs: 3\n", "bad.yaml", "/base"); }),
+            "bad.yaml line 3, column 9: invalid YAML: end of sequence flow not found");
+  EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"train.lr=[1"}); }),
+            "--set train.lr=[1: the value is not valid YAML: end of sequence flow not found");
+  EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"train.lr"}); }),
+            "--set expects KEY=VALUE, got 'train.lr'");
+}
+
+TEST_F(ConfigTest, MissingConfigFileIsNamed) {
+  EXPECT_EQ(error_message([] { load_config("/nonexistent/dkit.yaml"); }),
+            "cannot read config file '/nonexistent/dkit.yaml': no such file");
+}
+
+TEST_F(ConfigTest, ResolvedYamlReadsBackToTheSameConfig) {
+  const FullTrainConfig first = resolve("data: {source: synthetic, classes: 3}\nmodel: {hidden: [], dropout: 0.25}\n"
+                                        "train: {lr: 0.1, optimizer: adamw}\n");
+  const std::string yaml = to_yaml(first);
+  const FullTrainConfig second(parse_config(yaml, "saved", "/elsewhere"));
+  EXPECT_EQ(to_yaml(second), yaml);
+  EXPECT_EQ(second.synthetic_classes, 3);
+  EXPECT_TRUE(second.hidden.empty());
+  EXPECT_DOUBLE_EQ(second.lr, 0.1);
+  EXPECT_EQ(second.optimizer, OptimizerKind::kAdamW);
+}
+
+TEST_F(ConfigTest, DefaultConfigFileResolvesItsDataPath) {
+  const std::string path = std::string(DKIT_SOURCE_DIR) + "/configs/digits.yaml";
+  const FullTrainConfig c(load_config(path));
+  EXPECT_EQ(c.data_path, std::string(DKIT_SOURCE_DIR) + "/data/digits.csv");
+  EXPECT_TRUE(std::filesystem::exists(c.data_path));
+}
+
+TEST_F(ConfigTest, EveryKeyIsDocumented) {
+  std::set<std::string> names;
+  for (const auto& key : config_keys()) {
+    EXPECT_FALSE(key.type.empty()) << key.name;
+    EXPECT_FALSE(key.default_value.empty()) << key.name;
+    EXPECT_FALSE(key.meaning.empty()) << key.name;
+    EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
+  }
+  EXPECT_EQ(names.size(), 30u);
+}
+
+} // namespace
+} // namespace dkit
