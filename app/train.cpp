@@ -1,0 +1,114 @@
+#include "commands.h"
+
+#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/error.h>
+#include <dkit/train/config.h>
+#include <dkit/train/trainer.h>
+
+#include <cxxopts.hpp>
+
+#include <ctime>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+namespace dkit::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string new_run_folder() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::ostringstream name;
+  name << "runs/" << std::put_time(&local, "%Y%m%d-%H%M%S");
+  std::string folder = name.str();
+  for (int i = 2; fs::exists(folder); ++i) {
+    folder = name.str() + "-" + std::to_string(i);
+  }
+  fs::create_directories("runs");
+  return folder;
+}
+
+std::string key_reference() {
+  std::ostringstream out;
+  out << "\nconfig keys (type, default):\n";
+  for (const auto& key : config_keys()) {
+    out << "  " << std::left << std::setw(24) << key.name << std::setw(12) << key.type << key.default_value << "\n"
+        << "      " << key.meaning << "\n";
+  }
+  return out.str();
+}
+
+} // namespace
+
+int run_train(Args args) {
+  cxxopts::Options options(args.program,
+                           "Train an MLP from a YAML config: the data set, model, optimizer, loader and device it "
+                           "names. Writes train.log, metrics.csv, summary.json and checkpoints/ into the run folder.");
+  options.add_options()("c,config", "YAML config file", cxxopts::value<std::string>())(
+      "s,set", "override a config key: KEY=VALUE, VALUE parsed as YAML (repeatable)",
+      cxxopts::value<std::vector<std::string>>())(
+      "o,out", "run folder (default: a new timestamped folder under runs/)", cxxopts::value<std::string>())(
+      "r,resume", "continue the run in this folder from its newest good checkpoint, with the config it saved",
+      cxxopts::value<std::string>())("no-progress", "plain log lines even on a terminal")(
+      "keys", "list every config key with its type, default and meaning")("h,help", "show this help");
+  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  if (result.count("help") != 0) {
+    std::cout << options.help() << key_reference();
+    return 0;
+  }
+  if (result.count("keys") != 0) {
+    std::cout << key_reference();
+    return 0;
+  }
+  const std::vector<std::string> overrides =
+      result.count("set") != 0 ? result["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  const bool resume = result.count("resume") != 0;
+  DKIT_CHECK(resume || result.count("config") != 0, "dkit train needs --config FILE (or --resume DIR); see --help");
+  DKIT_CHECK(!(resume && result.count("config") != 0),
+             "--config and --resume exclude each other: a resumed run uses the config its checkpoint saved (change "
+             "keys with --set)");
+
+  std::string out_dir;
+  std::string checkpoint_path;
+  std::shared_ptr<const TrainingCheckpoint> checkpoint;
+  TrainConfig config;
+  if (resume) {
+    out_dir = result["resume"].as<std::string>();
+    DKIT_CHECK(result.count("out") == 0 || result["out"].as<std::string>() == out_dir,
+               "--out and --resume name different folders: a resumed run continues in its own folder");
+    auto found = CheckpointFolder(out_dir).load_newest();
+    DKIT_CHECK(found.has_value(), "cannot resume '", out_dir, "': no readable checkpoint in '",
+               CheckpointFolder(out_dir).path(), "'");
+    for (const auto& reason : found->skipped) {
+      std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << reason << "\n";
+    }
+    std::cerr << "dkit: resuming from " << found->path << "\n";
+    config = parse_config(found->checkpoint.config, "the config saved in " + found->path, out_dir, overrides);
+    checkpoint_path = found->path;
+    checkpoint = std::make_shared<const TrainingCheckpoint>(std::move(found->checkpoint));
+  } else {
+    config = load_config(result["config"].as<std::string>(), overrides);
+    out_dir = result.count("out") != 0 ? result["out"].as<std::string>() : new_run_folder();
+  }
+
+  FullTrainConfig full(config);
+  install_stop_handlers();
+  Trainer trainer(std::move(full), TrainerOptions(out_dir)
+                                       .resume(checkpoint)
+                                       .resume_source(checkpoint_path)
+                                       .progress(result.count("no-progress") == 0));
+  const TrainSummary summary = trainer.run();
+  std::cout << summary_to_json(summary);
+  if (summary.stopped_by_signal != 0) {
+    std::cerr << "dkit: stopped by signal " << summary.stopped_by_signal << " after step " << summary.steps
+              << "; continue with: dkit train --resume " << out_dir << "\n";
+    return 128 + summary.stopped_by_signal;
+  }
+  return 0;
+}
+
+} // namespace dkit::app

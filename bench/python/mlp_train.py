@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""Trains dkit's MLP in real PyTorch, the two idiomatic ways, and prints the steady-state throughput.
+
+This is the Python side of dkit's training comparisons (bench/compare_python.sh, `dkit bench train`). It builds
+the same model dkit builds (nn.Sequential of Linear and ReLU, PyTorch's default initialisation), the same Adam
+optimizer and the same cross-entropy loss, and feeds it the same data: a CSV of numbers with the label last
+(data/digits.csv by default, standardised), or random data of a given width.
+
+Two loops, as PyTorch users write them:
+  dataloader  for x, y in DataLoader(TensorDataset(X, y), batch_size=B, shuffle=True)
+  slicing     perm = torch.randperm(n); x, y = X[perm[i:i+B]], y[perm[i:i+B]]
+Both accumulate the loss with `loss.item()` every step, as the PyTorch tutorials do.
+
+Warm-up steps run first and are not timed; on CUDA the clock is read after torch.cuda.synchronize().
+Prints one JSON object per loop on stdout.
+
+    /usr/bin/python3 bench/python/mlp_train.py --steps 3000 --batch 64 --hidden 256,256 --threads 2
+"""
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+
+
+def load_csv(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rows.append([float(v) for v in line.split(",")])
+    data = torch.tensor(rows, dtype=torch.float32)
+    features, labels = data[:, :-1], data[:, -1].to(torch.int64)
+    mean, std = features.mean(0), features.std(0)
+    std[std == 0] = 1
+    return (features - mean) / std, labels
+
+
+def build_model(in_features, hidden, out_features):
+    layers, width = [], in_features
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, out_features))
+    return nn.Sequential(*layers)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_dataloader(model, opt, X, y, batch, steps, device):
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=batch, shuffle=True)
+    done, running_loss = 0, 0.0
+    while True:
+        for xb, yb in loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            running_loss += loss.item()
+            done += 1
+            if done == steps:
+                return running_loss / steps
+
+
+def train_slicing(model, opt, X, y, batch, steps, device):
+    X, y = X.to(device), y.to(device)
+    n, done, running_loss = X.shape[0], 0, 0.0
+    while True:
+        perm = torch.randperm(n, device=device)
+        for i in range(0, n, batch):
+            idx = perm[i:i + batch]
+            xb, yb = X[idx], y[idx]
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            running_loss += loss.item()
+            done += 1
+            if done == steps:
+                return running_loss / steps
+
+
+LOOPS = {"dataloader": train_dataloader, "slicing": train_slicing}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="data/digits.csv", help="CSV, label last; 'random:N:F:C' for random data")
+    parser.add_argument("--hidden", default="256,256")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3000, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=100, help="untimed steps first")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 leaves PyTorch's default")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--loops", default="dataloader,slicing")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    if args.data.startswith("random:"):
+        _, n, f, c = args.data.split(":")
+        X, y = torch.randn(int(n), int(f)), torch.randint(0, int(c), (int(n),))
+    else:
+        X, y = load_csv(args.data)
+    hidden = [int(h) for h in args.hidden.split(",") if h]
+    classes = int(y.max()) + 1
+
+    for name in args.loops.split(","):
+        loop = LOOPS[name]
+        torch.manual_seed(args.seed)
+        model = build_model(X.shape[1], hidden, classes).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        loop(model, opt, X, y, args.batch, args.warmup, device)
+        sync(device)
+        start = time.perf_counter()
+        loss = loop(model, opt, X, y, args.batch, args.steps, device)
+        sync(device)
+        seconds = time.perf_counter() - start
+        print(json.dumps({
+            "impl": "pytorch", "loop": name, "torch": torch.__version__, "device": str(device),
+            "threads": torch.get_num_threads(), "batch": args.batch, "hidden": hidden, "steps": args.steps,
+            "seconds": seconds, "ms_per_step": 1e3 * seconds / args.steps,
+            "samples_per_second": args.steps * args.batch / seconds, "mean_loss": loss,
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,587 @@
+#include <dkit/train/trainer.h>
+
+#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/error.h>
+#include <dkit/core/json.h>
+#include <dkit/data/dataset.h>
+#include <dkit/data/loader.h>
+#include <dkit/device/device.h>
+#include <dkit/metrics/metrics.h>
+#include <dkit/model/mlp.h>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <torch/torch.h>
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+namespace dkit {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int signal) {
+  if (g_stop_signal.load() != 0) {
+    _exit(128 + signal);
+  }
+  g_stop_signal.store(signal);
+}
+
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+std::string data_checksum(const Dataset& data) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  auto mix = [&hash](const at::Tensor& tensor) {
+    const at::Tensor bytes = tensor.contiguous();
+    const auto* p = static_cast<const unsigned char*>(bytes.data_ptr());
+    const size_t n = bytes.numel() * bytes.element_size();
+    for (size_t i = 0; i < n; ++i) {
+      hash = (hash ^ p[i]) * 0x100000001b3ULL;
+    }
+  };
+  mix(data.features);
+  mix(data.labels);
+  std::ostringstream out;
+  out << "fnv1a64:" << std::hex << std::setw(16) << std::setfill('0') << hash;
+  return out.str();
+}
+
+Dataset load_data(const FullTrainConfig& c) {
+  switch (c.data_source) {
+    case DataSource::kCsv: return read_csv(c.data_path, CsvOptions().label_column(c.label_column));
+    case DataSource::kMnist: return read_mnist(c.data_path, /*train=*/true);
+    case DataSource::kSynthetic:
+      return make_synthetic(SyntheticOptions(c.synthetic_samples, c.synthetic_features, c.synthetic_classes)
+                                .seed(static_cast<uint64_t>(c.seed)));
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled DataSource ", static_cast<int>(c.data_source));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const FullTrainConfig& c,
+                                                        const std::vector<torch::Tensor>& params) {
+  switch (c.optimizer) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+    case OptimizerKind::kAdam:
+      return std::make_unique<torch::optim::Adam>(params,
+                                                  torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(params,
+                                                   torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(c.optimizer));
+}
+
+std::string format_rate(double samples_per_second) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (samples_per_second >= 1e6) {
+    out << samples_per_second / 1e6 << "M";
+  } else if (samples_per_second >= 1e3) {
+    out << samples_per_second / 1e3 << "k";
+  } else {
+    out << samples_per_second;
+  }
+  return out.str();
+}
+
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total) : enabled_(enabled), total_(std::max<int64_t>(total, 1)) {}
+
+  void update(int64_t step, const std::string& text) {
+    if (!enabled_) {
+      return;
+    }
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * std::min<int64_t>(step, total_) / total_);
+    last_ = "[" + std::string(filled, '#') + std::string(kWidth - filled, ' ') + "] " + std::to_string(step) +
+            "/" + std::to_string(total_) + " " + text;
+    std::fprintf(stderr, "\r\033[K%s", last_.c_str());
+    std::fflush(stderr);
+  }
+
+  void line(const std::string& text) {
+    if (!enabled_) {
+      return;
+    }
+    std::fprintf(stderr, "\r\033[K%s\n%s", text.c_str(), last_.c_str());
+    std::fflush(stderr);
+  }
+
+  void finish() {
+    if (enabled_ && !last_.empty()) {
+      std::fprintf(stderr, "\r\033[K");
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  bool enabled_;
+  int64_t total_;
+  std::string last_;
+};
+
+class Stopwatch {
+ public:
+  void start() {
+    running_ = true;
+    started_ = Clock::now();
+  }
+  void stop() {
+    if (running_) {
+      total_ += std::chrono::duration<double>(Clock::now() - started_).count();
+      running_ = false;
+    }
+  }
+  double seconds() const {
+    return total_ + (running_ ? std::chrono::duration<double>(Clock::now() - started_).count() : 0.0);
+  }
+
+ private:
+  bool running_ = false;
+  Clock::time_point started_;
+  double total_ = 0;
+};
+
+std::string csv_number(double value) {
+  if (!std::isfinite(value)) {
+    return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+  }
+  std::ostringstream out;
+  out << std::setprecision(8) << value;
+  return out.str();
+}
+
+} // namespace
+
+TrainerOptions::TrainerOptions(std::string out_dir) : out_dir_(std::move(out_dir)) {}
+
+struct Trainer::Impl {
+  FullTrainConfig config;
+  TrainerOptions options;
+
+  fs::path out_dir;
+  std::shared_ptr<spdlog::logger> log;
+  std::shared_ptr<spdlog::logger> previous_default;
+  Device device = cpu();
+  Normalization normalization;
+  std::string checksum;
+  std::optional<Loader> loader;
+  at::Tensor val_features;
+  at::Tensor val_labels;
+  int64_t in_features = 0;
+  int64_t num_classes = 0;
+  Mlp model{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::ofstream metrics_csv;
+  std::optional<CheckpointFolder> folder;
+
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t epoch_step = 0;
+  int64_t total_steps = 0;
+  double window_seconds_start = 0;
+  int64_t window_samples = 0;
+  int64_t window_local_samples = 0;
+  int64_t last_validated_step = -1;
+  TrainSummary summary;
+  Stopwatch train_clock;
+
+  Impl(FullTrainConfig c, TrainerOptions o) : config(std::move(c)), options(std::move(o)) {}
+
+  void prepare_out_dir() {
+    out_dir = fs::absolute(options.out_dir()).lexically_normal();
+    const fs::path parent = out_dir.parent_path();
+    DKIT_CHECK(fs::is_directory(parent), "cannot create the run folder '", out_dir.string(), "': its parent '",
+               parent.string(), "' does not exist");
+    std::error_code ec;
+    fs::create_directories(out_dir / "checkpoints", ec);
+    DKIT_CHECK(!ec, "cannot create the run folder '", out_dir.string(), "': ", ec.message());
+    const fs::path probe = out_dir / ".dkit-write-test";
+    {
+      std::ofstream test(probe);
+      DKIT_CHECK(test.good() && (test << "ok").good(), "the run folder '", out_dir.string(),
+                 "' is not writable");
+    }
+    fs::remove(probe, ec);
+  }
+
+  void setup_logging() {
+    auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((out_dir / "train.log").string());
+    std::vector<spdlog::sink_ptr> sinks{file_sink};
+    const bool tty = options.progress() && isatty(STDERR_FILENO) == 1;
+    if (options.console()) {
+      auto console = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+      console->set_level(tty ? spdlog::level::warn : spdlog::level::info);
+      console->set_pattern("%v");
+      sinks.push_back(console);
+    }
+    file_sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+    log = std::make_shared<spdlog::logger>("dkit.train", sinks.begin(), sinks.end());
+    log->set_level(spdlog::level::info);
+    log->flush_on(spdlog::level::info);
+    previous_default = spdlog::default_logger();
+    spdlog::set_default_logger(log);
+  }
+
+  void restore_logging() {
+    if (previous_default) {
+      spdlog::set_default_logger(previous_default);
+      previous_default.reset();
+    }
+  }
+
+  void setup_data() {
+    const Dataset all = load_data(config);
+    checksum = data_checksum(all);
+    log->info("data: {} ({})", all.description, checksum);
+    DatasetSplit parts = split(all, config.val_fraction, static_cast<uint64_t>(config.seed));
+    normalization = fit_normalization(parts.train.features, parse_scaling(config.scaling));
+    const Dataset train = normalization.apply(parts.train);
+    in_features = train.num_features();
+    num_classes = all.num_classes;
+    if (parts.val.size() > 0) {
+      val_features = normalization.apply(parts.val.features).to(device);
+      val_labels = parts.val.labels.to(device);
+    }
+    loader.emplace(train, device,
+                   LoaderOptions(config.batch_size)
+                       .shuffle(config.shuffle)
+                       .drop_last(config.drop_last)
+                       .placement(parse_placement(config.placement))
+                       .prefetch(config.prefetch)
+                       .seed(static_cast<uint64_t>(config.seed)));
+    DKIT_CHECK(loader->batches_per_epoch() > 0, "data: ", train.size(), " training samples make no batch of ",
+               config.batch_size, " with loader.drop_last; lower train.batch_size");
+    log->info("split: {} training, {} validation samples; {} batches of {} per epoch, loader placement {}",
+              train.size(), parts.val.size(), loader->batches_per_epoch(), config.batch_size,
+              to_string(loader->placement()));
+  }
+
+  void setup_model() {
+    model = Mlp(MlpOptions(in_features, config.hidden, num_classes)
+                    .activation(parse_activation(config.activation))
+                    .dropout(config.dropout));
+    place_module(model, device);
+    optimizer = make_optimizer(config, model->parameters());
+    log->info("model: {} on {}, optimizer {} lr {}", model_description(), device.str(), to_string(config.optimizer),
+              config.lr);
+  }
+
+  std::string model_description() const {
+    std::ostringstream out;
+    model->pretty_print(out);
+    return out.str();
+  }
+
+  void zero_grad() {
+    for (auto& param : model->parameters()) {
+      param.mutable_grad() = at::Tensor();
+    }
+  }
+
+  void open_metrics_csv(bool append) {
+    const fs::path path = out_dir / "metrics.csv";
+    const bool exists = append && fs::exists(path);
+    metrics_csv.open(path, append ? std::ios::app : std::ios::trunc);
+    DKIT_CHECK(metrics_csv.good(), "cannot write '", path.string(), "'");
+    if (!exists) {
+      metrics_csv << "step,epoch,loss,accuracy,lr,samples_per_second,val_loss,val_accuracy\n";
+    }
+  }
+
+  double current_lr() const {
+    return optimizer->param_groups().front().options().get_lr();
+  }
+
+  void flush_metrics(MetricBuffer& metrics, Progress& progress) {
+    if (metrics.empty()) {
+      return;
+    }
+    const MetricRows rows = metrics.flush();
+    const double seconds = train_clock.seconds() - window_seconds_start;
+    const double loss_sum = rows.sum("loss_sum");
+    const double samples = static_cast<double>(window_local_samples);
+    const double loss = loss_sum / samples;
+    const double accuracy = rows.sum("correct") / samples;
+    DKIT_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step, " (epoch ",
+               epoch + 1, "); no checkpoint was written after it, the last good one is in '",
+               (out_dir / "checkpoints").string(), "'; lower train.lr");
+    const double rate = seconds > 0 ? window_samples / seconds : 0.0;
+    summary.final_loss = loss;
+    metrics_csv << step << "," << epoch + 1 << "," << csv_number(loss) << "," << csv_number(accuracy) << ","
+                << csv_number(current_lr()) << "," << csv_number(rate) << ",,\n";
+    std::ostringstream text;
+    text << "epoch " << epoch + 1 << "/" << config.epochs << " loss " << std::fixed << std::setprecision(4) << loss
+         << " acc " << accuracy << " " << format_rate(rate) << " samples/s";
+    log->info("step {}/{} {}", step, total_steps, text.str());
+    progress.update(step, text.str());
+    window_seconds_start = train_clock.seconds();
+    window_samples = 0;
+    window_local_samples = 0;
+  }
+
+  std::pair<double, double> validate() {
+    if (!val_features.defined()) {
+      return {std::nan(""), std::nan("")};
+    }
+    torch::NoGradGuard no_grad;
+    model->eval();
+    constexpr int64_t kChunk = 8192;
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+    auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    const int64_t n = val_features.size(0);
+    for (int64_t start = 0; start < n; start += kChunk) {
+      const int64_t length = std::min(kChunk, n - start);
+      const auto x = val_features.narrow(0, start, length);
+      const auto y = val_labels.narrow(0, start, length);
+      const auto logits = model->forward(x);
+      loss_sum += torch::nn::functional::cross_entropy(
+                      logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                      .to(torch::kFloat64);
+      correct += logits.argmax(1).eq(y).sum();
+    }
+    model->train();
+    const auto host = torch::stack({loss_sum, correct.to(torch::kFloat64)}).to(torch::kCPU);
+    note_host_sync();
+    const auto* values = host.data_ptr<double>();
+    return {values[0] / static_cast<double>(n), values[1] / static_cast<double>(n)};
+  }
+
+  void end_epoch(Progress& progress) {
+    const auto [val_loss, val_accuracy] = validate();
+    summary.val_accuracy = val_accuracy;
+    last_validated_step = step;
+    metrics_csv << step << "," << epoch + 1 << ",,,,," << csv_number(val_loss) << "," << csv_number(val_accuracy)
+                << "\n";
+    metrics_csv.flush();
+    std::ostringstream text;
+    text << "epoch " << epoch + 1 << "/" << config.epochs << " done at step " << step << ": val loss "
+         << std::fixed << std::setprecision(4) << val_loss << " val acc " << val_accuracy;
+    log->info("{}", text.str());
+    progress.line(text.str());
+  }
+
+  void save_checkpoint() {
+    TrainingCheckpoint checkpoint;
+    checkpoint.model_state_dict = module_state_dict(*model);
+    checkpoint.model = model->options;
+    checkpoint.input_mean = normalization.mean;
+    checkpoint.input_std = normalization.std;
+    checkpoint.optimizer_state_dict = optimizer_state_dict(*optimizer);
+    checkpoint.step = step;
+    checkpoint.epoch = epoch;
+    checkpoint.epoch_step = epoch_step;
+    checkpoint.rng = capture_rng_state();
+    checkpoint.config = to_yaml(config);
+    checkpoint.data_checksum = checksum;
+    summary.checkpoint = folder->save(checkpoint);
+    log->info("checkpoint {}", summary.checkpoint);
+  }
+
+  void restore(const TrainingCheckpoint& checkpoint, const std::string& source) {
+    DKIT_CHECK(checkpoint.data_checksum == checksum, "cannot resume from ", source,
+               ": the training data changed since it was written (checksum ", checkpoint.data_checksum, ", now ",
+               checksum, "); start a new run instead");
+    load_state_dict(*model, checkpoint.model_state_dict, LoadStateDictOptions().source(source));
+    load_optimizer_state_dict(*optimizer, checkpoint.optimizer_state_dict, source);
+    restore_rng_state(checkpoint.rng);
+    step = checkpoint.step;
+    epoch = checkpoint.epoch;
+    epoch_step = checkpoint.epoch_step;
+    log->info("resumed from {} at step {} (epoch {}, batch {})", source, step, epoch + 1, epoch_step);
+  }
+
+  TrainSummary run() {
+    prepare_out_dir();
+    setup_logging();
+    try {
+      TrainSummary result = train();
+      restore_logging();
+      return result;
+    } catch (...) {
+      if (log) {
+        log->flush();
+      }
+      restore_logging();
+      throw;
+    }
+  }
+
+  TrainSummary train() {
+    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : affinity_cpus()));
+    device = parse_device(config.device);
+    torch::manual_seed(static_cast<uint64_t>(config.seed));
+    summary.device = device.str();
+    log->info("dkit train: device {}, {} CPU threads, out {}", device.str(), at::get_num_threads(),
+              out_dir.string());
+    {
+      std::ofstream saved(out_dir / "config.yaml");
+      saved << to_yaml(config);
+    }
+    setup_data();
+    setup_model();
+    folder.emplace(out_dir.string(), CheckpointFolderOptions().keep(config.keep_checkpoints));
+    const bool resuming = options.resume() != nullptr;
+    if (resuming) {
+      restore(*options.resume(), options.resume_source());
+    }
+    open_metrics_csv(resuming);
+    total_steps = config.epochs * loader->batches_per_epoch();
+    if (config.max_steps > 0) {
+      total_steps = std::min(total_steps, config.max_steps);
+    }
+    reset_peak_memory_stats(device);
+
+    MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
+    Progress progress(options.progress() && options.console() && isatty(STDERR_FILENO) == 1, total_steps);
+    const int64_t syncs_before = host_sync_count();
+    const int64_t start_step = step;
+    const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+    bool finished = step >= total_steps;
+    model->train();
+    train_clock.start();
+    window_seconds_start = train_clock.seconds();
+    while (!finished && epoch < config.epochs) {
+      loader->start_epoch(epoch, epoch_step);
+      while (auto batch = loader->next()) {
+        zero_grad();
+        const auto logits = model->forward(batch->features);
+        const auto loss_sum = torch::nn::functional::cross_entropy(logits, batch->labels, sum_options);
+        (loss_sum / static_cast<double>(batch->global_samples)).backward();
+        optimizer->step();
+        metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch->labels).sum()});
+        ++step;
+        ++epoch_step;
+        window_samples += batch->global_samples;
+        window_local_samples += batch->size();
+        summary.samples += batch->global_samples;
+        if (metrics.full()) {
+          flush_metrics(metrics, progress);
+        }
+        const bool at_limit = step >= total_steps;
+        const bool stop = stop_requested() != 0;
+        if (at_limit || stop || (config.checkpoint_every > 0 && step % config.checkpoint_every == 0)) {
+          flush_metrics(metrics, progress);
+          train_clock.stop();
+          save_checkpoint();
+          if (stop) {
+            summary.stopped_by_signal = stop_requested();
+            log->warn("stopped by signal {} after step {}; checkpoint {}", summary.stopped_by_signal, step,
+                      summary.checkpoint);
+            finished = true;
+            break;
+          }
+          train_clock.start();
+        }
+        if (at_limit) {
+          finished = true;
+          break;
+        }
+      }
+      flush_metrics(metrics, progress);
+      train_clock.stop();
+      if (summary.stopped_by_signal != 0) {
+        break;
+      }
+      if (epoch_step >= loader->batches_per_epoch()) {
+        end_epoch(progress);
+        ++epoch;
+        epoch_step = 0;
+      }
+      train_clock.start();
+    }
+    train_clock.stop();
+    if (last_validated_step != step) {
+      summary.val_accuracy = validate().second;
+      last_validated_step = step;
+    }
+    progress.finish();
+    if (summary.checkpoint.empty() || step != start_step) {
+      save_checkpoint();
+    }
+    summary.steps = step;
+    summary.train_seconds = train_clock.seconds();
+    summary.samples_per_second = summary.train_seconds > 0 ? summary.samples / summary.train_seconds : 0.0;
+    summary.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;
+    summary.host_syncs = host_sync_count() - syncs_before;
+    {
+      std::ofstream json(out_dir / "summary.json");
+      json << summary_to_json(summary);
+    }
+    log->info("done: {} steps, {} samples in {:.3f} s of training ({} samples/s), final loss {:.4f}, val acc {:.4f}",
+              summary.steps, summary.samples, summary.train_seconds, format_rate(summary.samples_per_second),
+              summary.final_loss, summary.val_accuracy);
+    return summary;
+  }
+};
+
+Trainer::Trainer(FullTrainConfig config, TrainerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(options))) {}
+
+Trainer::~Trainer() = default;
+
+TrainSummary Trainer::run() {
+  return impl_->run();
+}
+
+void request_stop(int signal) noexcept {
+  g_stop_signal.store(signal);
+}
+
+int stop_requested() noexcept {
+  return g_stop_signal.load();
+}
+
+void clear_stop_request() noexcept {
+  g_stop_signal.store(0);
+}
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+std::string summary_to_json(const TrainSummary& s) {
+  JsonWriter json;
+  json.begin_object();
+  json.key("device").value(s.device);
+  json.key("steps").value(s.steps);
+  json.key("samples").value(s.samples);
+  json.key("train_seconds").value(s.train_seconds);
+  json.key("samples_per_second").value(s.samples_per_second);
+  json.key("final_loss").value(s.final_loss);
+  json.key("val_accuracy").value(s.val_accuracy);
+  json.key("peak_memory_bytes").value(s.peak_memory_bytes);
+  json.key("host_syncs").value(s.host_syncs);
+  json.key("stopped_by_signal").value(s.stopped_by_signal);
+  json.key("checkpoint").value(s.checkpoint);
+  json.end_object();
+  return json.str() + "\n";
+}
+
+} // namespace dkit
