@@ -4,6 +4,10 @@
 
 #include <dkit/config.h>
 #include <dkit/core/error.h>
+#include <dkit/data/dataset.h>
+#include <dkit/data/loader.h>
 #include <dkit/device/device.h>
 #include <dkit/device/report.h>
+#include <dkit/metrics/host_sync.h>
+#include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>

@@ -1,0 +1,518 @@
+#include <dkit/data/dataset.h>
+
+#include <dkit/core/error.h>
+#include <dkit/device/device.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <vector>
+
+namespace dkit {
+namespace {
+
+using detail::concat;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kSyntheticTag = 0x73796e7468657469;
+constexpr uint64_t kSplitTag = 0x73706c6974746572;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+at::Generator seeded_generator(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+struct FileCloser {
+  void operator()(std::FILE* file) const {
+    std::fclose(file);
+  }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+File open_file(const std::string& path, const char* mode, const char* what) {
+  std::error_code ignored;
+  DKIT_CHECK(!fs::is_directory(path, ignored), "cannot open ", what, " '", path, "': it is a directory");
+  File file(std::fopen(path.c_str(), mode));
+  if (!file) {
+    const int err = errno;
+    throw Error(concat("cannot open ", what, " '", path, "': ", std::strerror(err)));
+  }
+  return file;
+}
+
+std::string read_whole_file(const std::string& path, const char* what) {
+  File file = open_file(path, "rb", what);
+  std::string text;
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (!ec) {
+    text.reserve(static_cast<size_t>(size));
+  }
+  char buffer[1 << 16];
+  size_t got = 0;
+  while ((got = std::fread(buffer, 1, sizeof buffer, file.get())) > 0) {
+    text.append(buffer, got);
+  }
+  DKIT_CHECK(!std::ferror(file.get()), "cannot read ", what, " '", path, "': ", std::strerror(errno));
+  return text;
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+std::string quoted(std::string_view cell) {
+  constexpr size_t kMax = 40;
+  if (cell.size() > kMax) {
+    return concat("'", cell.substr(0, kMax), "...'");
+  }
+  return concat("'", cell, "'");
+}
+
+enum class NumberStatus { kOk, kNotANumber, kNotFinite };
+
+NumberStatus parse_number(std::string_view cell, double& value) {
+  const char* begin = cell.data();
+  const char* end = begin + cell.size();
+  if (begin != end && *begin == '+') {
+    ++begin;
+  }
+  if (begin == end) {
+    return NumberStatus::kNotANumber;
+  }
+  const auto [stop, ec] = std::from_chars(begin, end, value);
+  if (stop != end) {
+    return NumberStatus::kNotANumber;
+  }
+  if (ec == std::errc::result_out_of_range) {
+    const std::string copy(begin, end);
+    value = std::strtod(copy.c_str(), nullptr);
+  } else if (ec != std::errc()) {
+    return NumberStatus::kNotANumber;
+  }
+  return std::isfinite(value) ? NumberStatus::kOk : NumberStatus::kNotFinite;
+}
+
+struct CsvCell {
+  const std::string& path;
+  int64_t line;
+  int64_t column;
+  std::string_view text;
+
+  std::string where() const {
+    return concat(path, ":", line, ": column ", column, ": ");
+  }
+};
+
+float parse_feature(const CsvCell& cell) {
+  double value = 0;
+  switch (parse_number(cell.text, value)) {
+    case NumberStatus::kNotANumber:
+      throw Error(concat(cell.where(), quoted(cell.text), " is not a number"));
+    case NumberStatus::kNotFinite:
+      throw Error(concat(cell.where(), quoted(cell.text), " is not a finite number"));
+    case NumberStatus::kOk:
+      break;
+  }
+  const auto narrowed = static_cast<float>(value);
+  DKIT_CHECK(std::isfinite(narrowed), cell.where(), quoted(cell.text), " is out of the float32 range");
+  return narrowed;
+}
+
+int64_t parse_label(const CsvCell& cell) {
+  double value = 0;
+  const bool integral = parse_number(cell.text, value) == NumberStatus::kOk && value >= 0 &&
+                        value == std::floor(value) && value < 9007199254740992.0;
+  DKIT_CHECK(integral, cell.where(), "label ", quoted(cell.text), " is not a non-negative integer");
+  return static_cast<int64_t>(value);
+}
+
+int64_t count_cells(std::string_view line) {
+  return static_cast<int64_t>(std::count(line.begin(), line.end(), ',')) + 1;
+}
+
+template <typename T>
+at::Tensor vector_to_tensor(std::vector<T>&& values, at::IntArrayRef sizes, at::ScalarType dtype) {
+  auto* owned = new std::vector<T>(std::move(values));
+  return torch::from_blob(
+      owned->data(), sizes, [owned](void*) { delete owned; }, at::TensorOptions().dtype(dtype));
+}
+
+std::string summary(const Dataset& data) {
+  std::string text = concat(data.size(), " samples, ", data.num_features(), " features");
+  if (data.has_labels()) {
+    text += concat(", ", data.num_classes, " classes");
+  }
+  return text;
+}
+
+int64_t max_label(const at::Tensor& labels) {
+  if (labels.numel() == 0) {
+    return -1;
+  }
+  return labels.max().item<int64_t>();
+}
+
+class TempFolder {
+ public:
+  TempFolder() {
+    std::string pattern = (fs::temp_directory_path() / "dkit-mnist-XXXXXX").string();
+    DKIT_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot create a temporary folder like '", pattern,
+               "': ", std::strerror(errno));
+    path_ = pattern;
+  }
+  ~TempFolder() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+
+  const fs::path& path() const {
+    return path_;
+  }
+
+ private:
+  fs::path path_;
+};
+
+void gunzip(const std::string& from, const std::string& to) {
+  gzFile in = gzopen(from.c_str(), "rb");
+  if (in == nullptr) {
+    const int err = errno;
+    throw Error(concat("cannot open '", from, "': ", std::strerror(err)));
+  }
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> in_guard(in, &gzclose);
+  File out = open_file(to, "wb", "temporary file");
+  char buffer[1 << 16];
+  int got = 0;
+  while ((got = gzread(in, buffer, sizeof buffer)) > 0) {
+    DKIT_CHECK(std::fwrite(buffer, 1, static_cast<size_t>(got), out.get()) == static_cast<size_t>(got),
+               "cannot write '", to, "': ", std::strerror(errno));
+  }
+  int code = Z_OK;
+  std::string_view message = gzerror(in, &code);
+  if (message.substr(0, from.size() + 2) == from + ": ") {
+    message.remove_prefix(from.size() + 2);
+  }
+  DKIT_CHECK(got == 0 && code == Z_OK, "cannot decompress '", from, "': ", message);
+  DKIT_CHECK(std::fflush(out.get()) == 0, "cannot write '", to, "': ", std::strerror(errno));
+}
+
+uint32_t big_endian32(const unsigned char* bytes) {
+  return (uint32_t{bytes[0]} << 24) | (uint32_t{bytes[1]} << 16) | (uint32_t{bytes[2]} << 8) | uint32_t{bytes[3]};
+}
+
+struct IdxExpectation {
+  uint32_t magic;
+  int64_t count;
+  bool images;
+};
+
+void check_idx(const std::string& path, const std::string& shown, const IdxExpectation& expected, bool train) {
+  File file = open_file(path, "rb", "IDX file");
+  const size_t header_size = expected.images ? 16 : 8;
+  unsigned char header[16] = {};
+  DKIT_CHECK(std::fread(header, 1, header_size, file.get()) == header_size, "'", shown,
+             "' is too short for an IDX file");
+  const uint32_t magic = big_endian32(header);
+  DKIT_CHECK(magic == expected.magic, "'", shown, "' is not an IDX ", expected.images ? "image" : "label",
+             " file (magic number ", magic, ", expected ", expected.magic, ")");
+  const int64_t count = big_endian32(header + 4);
+  DKIT_CHECK(count == expected.count, "'", shown, "' holds ", count, expected.images ? " images" : " labels",
+             "; LibTorch's MNIST reader needs exactly ", expected.count, " for the ", train ? "training" : "test",
+             " set");
+  int64_t item_bytes = 1;
+  if (expected.images) {
+    const int64_t rows = big_endian32(header + 8);
+    const int64_t columns = big_endian32(header + 12);
+    DKIT_CHECK(rows == 28 && columns == 28, "'", shown, "' holds ", rows, "x", columns,
+               " images; MNIST images are 28x28");
+    item_bytes = rows * columns;
+  }
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+  const int64_t needed = static_cast<int64_t>(header_size) + count * item_bytes;
+  DKIT_CHECK(!ec && size >= needed, "'", shown, "' is truncated: ", size, " bytes, expected ", needed);
+}
+
+} // namespace
+
+int64_t Dataset::size() const {
+  return features.defined() ? features.size(0) : 0;
+}
+
+int64_t Dataset::num_features() const {
+  return features.defined() && features.dim() == 2 ? features.size(1) : 0;
+}
+
+bool Dataset::has_labels() const {
+  return labels.defined();
+}
+
+Dataset read_csv(const std::string& path, const CsvOptions& options) {
+  const std::string text = read_whole_file(path, "CSV file");
+  std::vector<float> values;
+  std::vector<int64_t> labels;
+  int64_t columns = -1;
+  int64_t label_column = -1;
+  int64_t first_line = 0;
+  int64_t line_number = 0;
+  int64_t largest_label = -1;
+  const char* cursor = text.data();
+  const char* const end = cursor + text.size();
+  while (cursor < end) {
+    ++line_number;
+    const auto* newline = static_cast<const char*>(std::memchr(cursor, '\n', static_cast<size_t>(end - cursor)));
+    const char* line_end = newline != nullptr ? newline : end;
+    std::string_view line(cursor, static_cast<size_t>(line_end - cursor));
+    cursor = newline != nullptr ? newline + 1 : end;
+    if (!line.empty() && line.back() == '\r') {
+      line.remove_suffix(1);
+    }
+    if (trim(line).empty()) {
+      continue;
+    }
+    if (columns < 0) {
+      columns = count_cells(line);
+      first_line = line_number;
+      if (options.has_labels()) {
+        label_column = options.label_column() < 0 ? columns + options.label_column() : options.label_column();
+        DKIT_CHECK(label_column >= 0 && label_column < columns, path, ": label column ", options.label_column(),
+                   " is out of range for ", columns, columns == 1 ? " column" : " columns");
+        DKIT_CHECK(columns >= 2, path, ": a single column leaves no features besides the labels");
+      }
+      const auto expected_rows = text.size() / (line.size() + 1) + 1;
+      values.reserve(expected_rows * static_cast<size_t>(columns));
+      labels.reserve(options.has_labels() ? expected_rows : 0);
+    }
+    int64_t column = 0;
+    size_t start = 0;
+    while (true) {
+      const size_t comma = line.find(',', start);
+      if (column < columns) {
+        const CsvCell cell{path, line_number, column + 1,
+                           trim(line.substr(start, comma == std::string_view::npos ? comma : comma - start))};
+        if (column == label_column) {
+          labels.push_back(parse_label(cell));
+          largest_label = std::max(largest_label, labels.back());
+        } else {
+          values.push_back(parse_feature(cell));
+        }
+      }
+      ++column;
+      if (comma == std::string_view::npos) {
+        break;
+      }
+      start = comma + 1;
+    }
+    DKIT_CHECK(column == columns, path, ":", line_number, ": ", column, column == 1 ? " cell" : " cells",
+               ", expected ", columns, " as on line ", first_line);
+  }
+  DKIT_CHECK(columns > 0, path, ": no data rows");
+  const int64_t features = options.has_labels() ? columns - 1 : columns;
+  const auto rows = static_cast<int64_t>(values.size()) / features;
+  Dataset data;
+  data.features = vector_to_tensor(std::move(values), {rows, features}, at::kFloat);
+  if (options.has_labels()) {
+    data.labels = vector_to_tensor(std::move(labels), {rows}, at::kLong);
+    data.num_classes = largest_label + 1;
+  }
+  data.description = concat(fs::path(path).filename().string(), ": ", summary(data));
+  return data;
+}
+
+Dataset read_mnist(const std::string& folder, bool train) {
+  std::error_code ec;
+  DKIT_CHECK(fs::is_directory(folder, ec), "MNIST folder '", folder, "' does not exist");
+  const std::string prefix = train ? "train" : "t10k";
+  const std::string names[2] = {prefix + "-images-idx3-ubyte", prefix + "-labels-idx1-ubyte"};
+  const int64_t count = train ? 60000 : 10000;
+  const IdxExpectation expectations[2] = {{2051, count, true}, {2049, count, false}};
+  bool compressed[2] = {false, false};
+  for (int i = 0; i < 2; ++i) {
+    const fs::path plain = fs::path(folder) / names[i];
+    if (fs::exists(plain, ec)) {
+      continue;
+    }
+    DKIT_CHECK(fs::exists(plain.string() + ".gz", ec), "MNIST folder '", folder, "' has neither ", names[i],
+               " nor ", names[i],
+               ".gz (Debian's dataset-fashion-mnist package installs Fashion-MNIST in "
+               "/usr/share/datasets/fashion-mnist)");
+    compressed[i] = true;
+  }
+  std::unique_ptr<TempFolder> unpacked;
+  std::string root = folder;
+  if (compressed[0] || compressed[1]) {
+    unpacked = std::make_unique<TempFolder>();
+    root = unpacked->path().string();
+  }
+  for (int i = 0; i < 2; ++i) {
+    const std::string source = (fs::path(folder) / names[i]).string() + (compressed[i] ? ".gz" : "");
+    const std::string target = (fs::path(root) / names[i]).string();
+    if (compressed[i]) {
+      gunzip(source, target);
+    } else if (unpacked) {
+      fs::create_symlink(fs::absolute(source), target);
+    }
+    check_idx(target, source, expectations[i], train);
+  }
+  const torch::data::datasets::MNIST mnist(
+      root, train ? torch::data::datasets::MNIST::Mode::kTrain : torch::data::datasets::MNIST::Mode::kTest);
+  Dataset data;
+  data.features = mnist.images().reshape({count, 28 * 28}).to(at::kFloat).contiguous();
+  data.labels = mnist.targets().to(at::kLong).contiguous();
+  data.num_classes = max_label(data.labels) + 1;
+  data.description = concat("MNIST ", train ? "training" : "test", " set in ", folder, ": ", summary(data));
+  return data;
+}
+
+SyntheticOptions::SyntheticOptions(int64_t samples, int64_t features, int64_t classes)
+    : samples_(samples), features_(features), classes_(classes) {}
+
+Dataset make_synthetic(const SyntheticOptions& options) {
+  DKIT_CHECK(options.samples() >= 1, "synthetic data needs at least 1 sample, got ", options.samples());
+  DKIT_CHECK(options.features() >= 1, "synthetic data needs at least 1 feature, got ", options.features());
+  DKIT_CHECK(options.classes() >= 1, "synthetic data needs at least 1 class, got ", options.classes());
+  DKIT_CHECK(std::isfinite(options.noise()) && options.noise() >= 0,
+             "synthetic data noise must be a non-negative number, got ", options.noise());
+  at::Generator generator = seeded_generator(splitmix64(options.seed() ^ kSyntheticTag));
+  const auto floats = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor centres = at::randn({options.classes(), options.features()}, generator, floats);
+  const at::Tensor balanced = at::arange(options.samples(), at::TensorOptions().dtype(at::kLong)) % options.classes();
+  const at::Tensor order = at::randperm(options.samples(), generator, at::TensorOptions().dtype(at::kLong));
+  Dataset data;
+  data.labels = balanced.index_select(0, order).contiguous();
+  const at::Tensor noise = at::randn({options.samples(), options.features()}, generator, floats);
+  data.features = (centres.index_select(0, data.labels) + noise * options.noise()).contiguous();
+  data.num_classes = options.classes();
+  data.description = concat("synthetic (noise ", options.noise(), ", seed ", options.seed(), "): ", summary(data));
+  return data;
+}
+
+namespace {
+
+Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& part) {
+  Dataset subset;
+  subset.features = data.features.index_select(0, indices);
+  if (data.has_labels()) {
+    subset.labels = data.labels.index_select(0, indices);
+  }
+  subset.num_classes = data.num_classes;
+  subset.description = concat(data.description, " [", part, ": ", indices.size(0), " of ", data.size(), "]");
+  return subset;
+}
+
+} // namespace
+
+DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed) {
+  DKIT_CHECK(val_fraction >= 0 && val_fraction < 1, "validation fraction must be in [0, 1), got ", val_fraction);
+  const int64_t n = data.size();
+  const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * val_fraction));
+  DKIT_CHECK(n - n_val >= 1, "validation fraction ", val_fraction, " leaves no training samples out of ", n);
+  at::Generator generator = seeded_generator(splitmix64(seed ^ kSplitTag));
+  const at::Tensor permutation = at::randperm(n, generator, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor val_indices = std::get<0>(permutation.narrow(0, 0, n_val).sort());
+  const at::Tensor train_indices = std::get<0>(permutation.narrow(0, n_val, n - n_val).sort());
+  return {take(data, train_indices, "train"), take(data, val_indices, "val")};
+}
+
+Scaling parse_scaling(std::string_view name) {
+  if (name == "none") {
+    return Scaling::kNone;
+  }
+  if (name == "standardize") {
+    return Scaling::kStandardize;
+  }
+  if (name == "minmax") {
+    return Scaling::kMinMax;
+  }
+  throw Error(concat("unknown scaling '", name, "': expected none, standardize or minmax"));
+}
+
+std::string to_string(Scaling scaling) {
+  switch (scaling) {
+    case Scaling::kNone: return "none";
+    case Scaling::kStandardize: return "standardize";
+    case Scaling::kMinMax: return "minmax";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled Scaling ", static_cast<int>(scaling));
+}
+
+bool Normalization::defined() const {
+  return mean.defined() && std.defined();
+}
+
+at::Tensor Normalization::apply(const at::Tensor& features) const {
+  if (!defined()) {
+    return features;
+  }
+  TORCH_CHECK(features.dim() == 2 && features.size(1) == mean.size(0), "cannot scale inputs of shape ",
+              features.sizes(), " with a normalization of ", mean.size(0), " features");
+  return (features - to_device(mean, features.device())) / to_device(std, features.device());
+}
+
+Dataset Normalization::apply(const Dataset& data) const {
+  Dataset scaled = data;
+  scaled.features = apply(data.features).contiguous();
+  return scaled;
+}
+
+Normalization fit_normalization(const at::Tensor& features, Scaling scaling) {
+  TORCH_CHECK(features.dim() == 2, "input scaling needs features of shape [N, F], got ", features.sizes());
+  DKIT_CHECK(features.size(0) > 0, "cannot fit input scaling on 0 samples");
+  Normalization normalization;
+  if (scaling == Scaling::kNone) {
+    return normalization;
+  }
+  const at::Tensor x = features.to(at::kDouble);
+  at::Tensor offset;
+  at::Tensor scale;
+  if (scaling == Scaling::kStandardize) {
+    offset = x.mean(0);
+    scale = (x - offset).pow(2).mean(0).sqrt();
+  } else {
+    offset = x.amin(0);
+    scale = x.amax(0) - offset;
+  }
+  scale.masked_fill_(scale == 0, 1.0);
+  normalization.mean = offset.to(at::kFloat).contiguous();
+  normalization.std = scale.to(at::kFloat).contiguous();
+  return normalization;
+}
+
+uint64_t order_seed(uint64_t seed, int64_t epoch) {
+  return splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch)));
+}
+
+at::Tensor sample_order(int64_t n, uint64_t seed, int64_t epoch) {
+  TORCH_CHECK(n >= 0, "sample_order needs n >= 0, got ", n);
+  at::Generator generator = seeded_generator(order_seed(seed, epoch));
+  return at::randperm(n, generator, at::TensorOptions().dtype(at::kLong));
+}
+
+} // namespace dkit

@@ -1,0 +1,134 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace dkit {
+
+/// A whole labelled data set in host memory.
+struct Dataset {
+  /// Inputs, float32 `[N, F]`, contiguous, on the CPU.
+  at::Tensor features;
+  /// Class indices, int64 `[N]` on the CPU; undefined for inputs without labels (what `dkit predict` reads).
+  at::Tensor labels;
+  /// Largest label + 1; 0 without labels.
+  int64_t num_classes = 0;
+  /// Where the data came from, for logs: `digits.csv: 1797 samples, 64 features, 10 classes`.
+  std::string description;
+
+  /// Number of samples N.
+  int64_t size() const;
+  /// Number of features F per sample.
+  int64_t num_features() const;
+  /// Whether `labels` is defined.
+  bool has_labels() const;
+};
+
+/// Options for read_csv().
+struct CsvOptions {
+  /// Index of the label column, counted from 0; negative values count from the end as in Python, so the default
+  /// -1 is the last column. Ignored when has_labels is false.
+  TORCH_ARG(int64_t, label_column) = -1;
+  /// Whether one column holds labels. False for inputs to predict: every column is then a feature.
+  TORCH_ARG(bool, has_labels) = true;
+};
+
+/// Reads a CSV file of numbers: no header, one sample per line, cells separated by commas, spaces around a cell
+/// and Windows line endings allowed, empty lines skipped. Labels must be non-negative integers (`3` or `3.0`).
+/// Every error names the file; a bad cell also names its line and column (both counted from 1) and quotes it:
+/// `digits.csv:12: column 3: 'abc' is not a number`.
+Dataset read_csv(const std::string& path, const CsvOptions& options = {});
+
+/// Reads MNIST or Fashion-MNIST from the IDX files in `folder` through LibTorch's
+/// `torch::data::datasets::MNIST`: `train-images-idx3-ubyte` and `train-labels-idx1-ubyte` when `train`, else the
+/// `t10k-` pair. Files compressed as `NAME.gz` (as Debian's `dataset-fashion-mnist` ships them, in
+/// `/usr/share/datasets/fashion-mnist`) are decompressed into a temporary folder, read, and removed. Features are
+/// the 28×28 pixels flattened to `[N, 784]` and scaled to 0..1 (LibTorch divides by 255); labels are 0..9.
+Dataset read_mnist(const std::string& folder, bool train = true);
+
+/// Options for make_synthetic().
+struct SyntheticOptions {
+  /// `samples` points in `features` dimensions, drawn around `classes` centres.
+  SyntheticOptions(int64_t samples, int64_t features, int64_t classes);
+
+  /// Number of samples N.
+  TORCH_ARG(int64_t, samples);
+  /// Number of features F.
+  TORCH_ARG(int64_t, features);
+  /// Number of classes; samples are spread evenly over them (labels `i % classes`, shuffled).
+  TORCH_ARG(int64_t, classes);
+  /// Standard deviation of each blob around its centre. The centres are drawn from N(0, 1) per feature, so with
+  /// noise well under 1 and a few features the classes are easy to separate.
+  TORCH_ARG(double, noise) = 0.5;
+  /// Seed of the generator; the same options always give the same data.
+  TORCH_ARG(uint64_t, seed) = 0;
+};
+
+/// Seeded Gaussian blobs, one per class: a small learnable data set for tests and benchmarks. It uses its own
+/// generator and leaves LibTorch's global one untouched.
+Dataset make_synthetic(const SyntheticOptions& options);
+
+/// The two parts split() makes.
+struct DatasetSplit {
+  /// The samples to train on.
+  Dataset train;
+  /// The held-out samples; empty (`[0, F]`) when the validation fraction is 0.
+  Dataset val;
+};
+
+/// Splits `data` at random into training and validation parts: `round(N * val_fraction)` samples, chosen by a
+/// permutation seeded with `seed`, go to validation. Each part keeps the samples in their original order.
+/// `val_fraction` must be in [0, 1) and leave at least one training sample.
+DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed);
+
+/// How inputs are scaled before training.
+enum class Scaling {
+  /// Inputs are used as they are.
+  kNone,
+  /// Each feature minus its mean, divided by its (population) standard deviation.
+  kStandardize,
+  /// Each feature minus its minimum, divided by its range: 0..1 on the data it was fitted on.
+  kMinMax,
+};
+
+/// Reads `none`, `standardize` or `minmax`; anything else is an error naming the accepted values.
+Scaling parse_scaling(std::string_view name);
+
+/// The lower-case name parse_scaling() reads back.
+std::string to_string(Scaling scaling);
+
+/// A per-feature affine scaling `(x - mean) / std`. Min-max scaling is stored the same way (mean = min,
+/// std = max - min), so that applying it, and saving it in a checkpoint as `input_mean`/`input_std`, is the same
+/// for every Scaling. A feature whose std (or range) is 0 gets 1, so that constant features never divide by 0.
+struct Normalization {
+  /// Subtracted from each feature: float32 `[F]`; undefined for no scaling.
+  at::Tensor mean;
+  /// Divides each feature after the subtraction: float32 `[F]`, never 0; undefined for no scaling.
+  at::Tensor std;
+
+  /// Whether there is any scaling to apply.
+  bool defined() const;
+  /// `(features - mean) / std` on the features' device, or `features` itself when undefined.
+  at::Tensor apply(const at::Tensor& features) const;
+  /// A copy of `data` with scaled features (the labels are shared).
+  Dataset apply(const Dataset& data) const;
+};
+
+/// Fits `scaling` on `features` (`[N, F]`, N > 0): fit on the training part only, then apply to every part.
+Normalization fit_normalization(const at::Tensor& features, Scaling scaling);
+
+/// The seed sample_order() gives LibTorch's CPU generator for `epoch`: splitmix64 of `seed` and `epoch`. In Python,
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(order_seed(seed, epoch)))` gives the same order
+/// with the same LibTorch version.
+uint64_t order_seed(uint64_t seed, int64_t epoch);
+
+/// The order in which the samples `0..n-1` are visited in `epoch`: an int64 permutation `[n]` on the CPU that
+/// depends only on `seed` and `epoch` (LibTorch's `randperm` with a CPU generator seeded by order_seed()), so
+/// every process of a multi-process run computes the same one whatever their number.
+at::Tensor sample_order(int64_t n, uint64_t seed, int64_t epoch);
+
+} // namespace dkit

@@ -1,0 +1,448 @@
+#include <dkit/data/loader.h>
+
+#include <dkit/config.h>
+#include <dkit/core/error.h>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if DKIT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dkit {
+namespace {
+
+using detail::concat;
+
+std::atomic<bool> pinned_fallback_logged{false};
+
+void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows, void* target) {
+  const auto row_bytes = static_cast<size_t>(source.stride(0)) * source.element_size();
+  const auto* from = static_cast<const char*>(source.data_ptr());
+  auto* to = static_cast<char*>(target);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(to + static_cast<size_t>(i) * row_bytes, from + static_cast<size_t>(indices[i]) * row_bytes,
+                row_bytes);
+  }
+}
+
+bool sole_owner(const at::Tensor& buffer) {
+  return buffer.defined() && buffer.storage().use_count() == 1;
+}
+
+Device with_index(const Device& device) {
+  return device.is_cuda() && !device.has_index() ? gpu(0) : device;
+}
+
+} // namespace
+
+Placement parse_placement(std::string_view name) {
+  if (name == "auto") {
+    return Placement::kAuto;
+  }
+  if (name == "device") {
+    return Placement::kDevice;
+  }
+  if (name == "pinned") {
+    return Placement::kPinned;
+  }
+  if (name == "pageable") {
+    return Placement::kPageable;
+  }
+  throw Error(concat("unknown placement '", name, "': expected auto, device, pinned or pageable"));
+}
+
+std::string to_string(Placement placement) {
+  switch (placement) {
+    case Placement::kAuto: return "auto";
+    case Placement::kDevice: return "device";
+    case Placement::kPinned: return "pinned";
+    case Placement::kPageable: return "pageable";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled Placement ", static_cast<int>(placement));
+}
+
+Placement resolve_placement(Placement requested, const Device& device) {
+  if (requested != Placement::kAuto) {
+    return requested;
+  }
+  return device.is_cuda() ? Placement::kPinned : Placement::kDevice;
+}
+
+LoaderOptions::LoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
+
+int64_t Batch::size() const {
+  return features.defined() ? features.size(0) : 0;
+}
+
+struct Loader::Impl {
+  enum class SlotState { kFree, kReady, kTaken };
+
+  struct Slot {
+    at::Tensor host_features;
+    at::Tensor host_labels;
+    std::optional<Batch> ready;
+    SlotState state = SlotState::kFree;
+#if DKIT_WITH_CUDA
+    at::cuda::CUDAEvent copied;
+#endif
+  };
+
+  struct Range {
+    int64_t start;
+    int64_t rows;
+    int64_t global_samples;
+  };
+
+  Impl(Dataset dataset, const Device& target, LoaderOptions loader_options)
+      : data(std::move(dataset)), device(with_index(target)), options(std::move(loader_options)) {
+    DKIT_CHECK(options.batch_size() >= 1, "loader batch_size must be at least 1, got ", options.batch_size());
+    DKIT_CHECK(options.prefetch() >= 1, "loader prefetch must be at least 1, got ", options.prefetch());
+    DKIT_CHECK(options.world_size() >= 1, "loader world_size must be at least 1, got ", options.world_size());
+    DKIT_CHECK(options.rank() >= 0 && options.rank() < options.world_size(), "loader rank ", options.rank(),
+               " is out of range for world_size ", options.world_size());
+    DKIT_CHECK(is_available(device), "loader device '", device.str(),
+               "' is not available; available devices: ", available_devices());
+    TORCH_CHECK(data.features.defined() && data.features.dim() == 2 && data.features.scalar_type() == at::kFloat &&
+                    data.features.device().is_cpu(),
+                "Loader needs float32 CPU features of shape [N, F]");
+    DKIT_CHECK(data.size() > 0, "cannot load batches from an empty data set (", data.description, ")");
+    data.features = data.features.contiguous();
+    if (data.has_labels()) {
+      TORCH_CHECK(data.labels.dim() == 1 && data.labels.size(0) == data.size() &&
+                      data.labels.scalar_type() == at::kLong && data.labels.device().is_cpu(),
+                  "Loader needs int64 CPU labels of shape [", data.size(), "]");
+      data.labels = data.labels.contiguous();
+    }
+    n = data.size();
+    global_batch = options.batch_size() * options.world_size();
+    batches = options.drop_last() ? n / global_batch : (n + global_batch - 1) / global_batch;
+    used = options.drop_last() ? batches * global_batch : n;
+    placement = resolve_placement(options.placement(), device);
+    threaded = placement == Placement::kPinned;
+    pinned = threaded && device.is_cuda();
+    if (threaded && !pinned && !pinned_fallback_logged.exchange(true)) {
+      spdlog::info("loader: pinned memory needs a CUDA device; batches for {} are assembled by the prefetch thread "
+                   "in reused ordinary host buffers instead",
+                   device.str());
+    }
+    if (placement == Placement::kDevice) {
+      device_features = to_device(data.features, device);
+      device_labels = data.has_labels() ? to_device(data.labels, device) : at::Tensor();
+    }
+    if (threaded) {
+      slots = std::vector<Slot>(static_cast<size_t>(options.prefetch()));
+    }
+#if DKIT_WITH_CUDA
+    if (pinned) {
+      copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+      const auto host = at::TensorOptions().pinned_memory(true);
+      for (auto& slot : slots) {
+        slot.host_features = at::empty({options.batch_size(), data.num_features()}, host.dtype(at::kFloat));
+        if (data.has_labels()) {
+          slot.host_labels = at::empty({options.batch_size()}, host.dtype(at::kLong));
+        }
+      }
+    }
+#endif
+  }
+
+  ~Impl() {
+    stop_producer();
+  }
+
+  Range range(int64_t batch) const {
+    const int64_t global_start = batch * global_batch;
+    const int64_t global_size = std::min(global_batch, used - global_start);
+    const int64_t offset = std::min(options.rank() * options.batch_size(), global_size);
+    return {global_start + offset, std::min(options.batch_size(), global_size - offset), global_size};
+  }
+
+  Batch describe(int64_t batch, const Range& r) const {
+    Batch out;
+    out.global_samples = r.global_samples;
+    out.index = batch;
+    out.epoch = epoch;
+    return out;
+  }
+
+  const int64_t* indices(const Range& r) const {
+    return order.data_ptr<int64_t>() + r.start;
+  }
+
+  Batch make_now(int64_t batch) const {
+    const Range r = range(batch);
+    Batch out = describe(batch, r);
+    if (placement == Placement::kDevice && !options.shuffle()) {
+      out.features = device_features.narrow(0, r.start, r.rows);
+      if (device_labels.defined()) {
+        out.labels = device_labels.narrow(0, r.start, r.rows);
+      }
+      return out;
+    }
+    if (placement == Placement::kDevice && device.is_cuda()) {
+      const at::Tensor index = device_order.narrow(0, r.start, r.rows);
+      out.features = device_features.index_select(0, index);
+      if (device_labels.defined()) {
+        out.labels = device_labels.index_select(0, index);
+      }
+      return out;
+    }
+    out.features = at::empty({r.rows, data.num_features()}, at::TensorOptions().dtype(at::kFloat));
+    gather_rows(data.features, indices(r), r.rows, out.features.data_ptr());
+    if (data.has_labels()) {
+      out.labels = at::empty({r.rows}, at::TensorOptions().dtype(at::kLong));
+      gather_rows(data.labels, indices(r), r.rows, out.labels.data_ptr());
+    }
+    if (device.is_cuda()) {
+      out.features = out.features.to(device);
+      if (out.labels.defined()) {
+        out.labels = out.labels.to(device);
+      }
+    }
+    return out;
+  }
+
+  void fill(Slot& slot, int64_t batch) {
+    const Range r = range(batch);
+    Batch out = describe(batch, r);
+#if DKIT_WITH_CUDA
+    if (pinned) {
+      slot.copied.synchronize();
+      gather_rows(data.features, indices(r), r.rows, slot.host_features.data_ptr());
+      out.features = at::empty({r.rows, data.num_features()}, at::TensorOptions().dtype(at::kFloat).device(device));
+      out.features.copy_(slot.host_features.narrow(0, 0, r.rows), /*non_blocking=*/true);
+      if (data.has_labels()) {
+        gather_rows(data.labels, indices(r), r.rows, slot.host_labels.data_ptr());
+        out.labels = at::empty({r.rows}, at::TensorOptions().dtype(at::kLong).device(device));
+        out.labels.copy_(slot.host_labels.narrow(0, 0, r.rows), /*non_blocking=*/true);
+      }
+      slot.copied.record(*copy_stream);
+      slot.ready = std::move(out);
+      return;
+    }
+#endif
+    if (!sole_owner(slot.host_features) || (data.has_labels() && !sole_owner(slot.host_labels))) {
+      std::lock_guard<std::mutex> lock(mutex);
+      slot.host_features = at::empty({options.batch_size(), data.num_features()}, at::TensorOptions().dtype(at::kFloat));
+      if (data.has_labels()) {
+        slot.host_labels = at::empty({options.batch_size()}, at::TensorOptions().dtype(at::kLong));
+      }
+    }
+    gather_rows(data.features, indices(r), r.rows, slot.host_features.data_ptr());
+    out.features = slot.host_features.narrow(0, 0, r.rows);
+    if (data.has_labels()) {
+      gather_rows(data.labels, indices(r), r.rows, slot.host_labels.data_ptr());
+      out.labels = slot.host_labels.narrow(0, 0, r.rows);
+    }
+    slot.ready = std::move(out);
+  }
+
+  void produce(int64_t first, int64_t last) {
+    try {
+#if DKIT_WITH_CUDA
+      std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+      if (pinned) {
+        stream_guard.emplace(*copy_stream);
+      }
+#endif
+      for (int64_t batch = first; batch < last; ++batch) {
+        Slot& slot = slots[static_cast<size_t>((batch - first) % options.prefetch())];
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return stop || slot.state == SlotState::kFree; });
+          if (stop) {
+            return;
+          }
+        }
+        fill(slot, batch);
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          slot.state = SlotState::kReady;
+        }
+        changed.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      error = std::current_exception();
+      changed.notify_all();
+    }
+  }
+
+  void stop_producer() {
+    if (!producer.joinable()) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    changed.notify_all();
+    producer.join();
+    stop = false;
+  }
+
+  void start_epoch(int64_t new_epoch, int64_t skip) {
+    DKIT_CHECK(skip >= 0 && skip <= batches, "cannot skip ", skip, " batches of epoch ", new_epoch,
+               ": it has ", batches);
+    stop_producer();
+    order = options.shuffle() ? sample_order(n, options.seed(), new_epoch)
+                              : at::arange(n, at::TensorOptions().dtype(at::kLong));
+#if DKIT_WITH_CUDA
+    if (placement == Placement::kDevice && device.is_cuda() && options.shuffle()) {
+      device_order = at::empty({n}, at::TensorOptions().dtype(at::kLong).device(device));
+      device_order.copy_(order.pin_memory(), /*non_blocking=*/true);
+    }
+#endif
+    for (auto& slot : slots) {
+      slot.ready.reset();
+      slot.state = SlotState::kFree;
+    }
+    taken = -1;
+    error = nullptr;
+    epoch = new_epoch;
+    first_batch = skip;
+    next_batch = skip;
+    started = true;
+    if (threaded && skip < batches) {
+      producer = std::thread([this, skip] { produce(skip, batches); });
+    }
+  }
+
+  std::optional<Batch> next() {
+    TORCH_CHECK(started, "Loader::next() called before start_epoch()");
+    if (!threaded) {
+      if (next_batch >= batches) {
+        return std::nullopt;
+      }
+      return make_now(next_batch++);
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    if (taken >= 0) {
+      slots[static_cast<size_t>(taken)].state = SlotState::kFree;
+      taken = -1;
+      changed.notify_all();
+    }
+    if (next_batch >= batches) {
+      return std::nullopt;
+    }
+    const auto index = static_cast<size_t>((next_batch - first_batch) % options.prefetch());
+    Slot& slot = slots[index];
+    changed.wait(lock, [&] { return slot.state == SlotState::kReady || error; });
+    if (slot.state != SlotState::kReady) {
+      std::rethrow_exception(error);
+    }
+    Batch batch = std::move(*slot.ready);
+    slot.ready.reset();
+    ++next_batch;
+#if DKIT_WITH_CUDA
+    if (pinned) {
+      const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
+      slot.copied.block(compute);
+      batch.features.record_stream(compute);
+      if (batch.labels.defined()) {
+        batch.labels.record_stream(compute);
+      }
+      slot.state = SlotState::kFree;
+      changed.notify_all();
+      return batch;
+    }
+#endif
+    slot.state = SlotState::kTaken;
+    taken = static_cast<int64_t>(index);
+    return batch;
+  }
+
+  Dataset data;
+  Device device;
+  LoaderOptions options;
+  Placement placement = Placement::kDevice;
+  bool threaded = false;
+  bool pinned = false;
+  int64_t n = 0;
+  int64_t global_batch = 0;
+  int64_t batches = 0;
+  int64_t used = 0;
+  at::Tensor device_features;
+  at::Tensor device_labels;
+
+  bool started = false;
+  int64_t epoch = 0;
+  int64_t first_batch = 0;
+  int64_t next_batch = 0;
+  at::Tensor order;
+  at::Tensor device_order;
+
+  std::vector<Slot> slots;
+  int64_t taken = -1;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::thread producer;
+  bool stop = false;
+  std::exception_ptr error;
+#if DKIT_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> copy_stream;
+#endif
+};
+
+Loader::Loader(Dataset data, const Device& device, LoaderOptions options)
+    : impl_(std::make_unique<Impl>(std::move(data), device, std::move(options))) {}
+
+Loader::~Loader() = default;
+Loader::Loader(Loader&&) noexcept = default;
+Loader& Loader::operator=(Loader&&) noexcept = default;
+
+int64_t Loader::batches_per_epoch() const {
+  return impl_->batches;
+}
+
+int64_t Loader::samples_per_epoch() const {
+  return impl_->used;
+}
+
+void Loader::start_epoch(int64_t epoch, int64_t skip_batches) {
+  impl_->start_epoch(epoch, skip_batches);
+}
+
+std::optional<Batch> Loader::next() {
+  return impl_->next();
+}
+
+Placement Loader::placement() const {
+  return impl_->placement;
+}
+
+bool Loader::pinned() const {
+  return impl_->pinned;
+}
+
+const Device& Loader::device() const {
+  return impl_->device;
+}
+
+const LoaderOptions& Loader::options() const {
+  return impl_->options;
+}
+
+std::vector<const void*> Loader::staging_buffers() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::vector<const void*> pointers;
+  for (const auto& slot : impl_->slots) {
+    pointers.push_back(slot.host_features.defined() ? slot.host_features.data_ptr() : nullptr);
+  }
+  return pointers;
+}
+
+} // namespace dkit
