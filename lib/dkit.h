@@ -7,3 +7,7 @@
 #include <dkit/device/device.h>
 #include <dkit/device/report.h>
 #include <dkit/model/mlp.h>
+#include <dkit/checkpoint/pickle.h>
+#include <dkit/checkpoint/state_dict.h>
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/checkpoint/training_checkpoint.h>
