@@ -16,4 +16,13 @@ struct Args {
 /// `dkit devices [--json]`.
 int run_devices(Args args);
 
+/// `dkit inspect FILE [--json]`.
+int run_inspect(Args args);
+
+/// `dkit export --checkpoint FILE --output FILE.pt`.
+int run_export(Args args);
+
+/// `dkit predict --checkpoint FILE --input ROWS.csv [--output OUT.csv] [--device D]`.
+int run_predict(Args args);
+
 } // namespace dkit::app

@@ -21,6 +21,10 @@ struct Verb {
 
 const Verb kVerbs[] = {
     {"devices", "report the devices this process can use, and why CUDA is not available", dkit::app::run_devices},
+    {"inspect", "list the tensors in a PyTorch or dkit checkpoint, with the device each was saved on",
+     dkit::app::run_inspect},
+    {"export", "write a model as a plain state dict that Python's torch.load reads", dkit::app::run_export},
+    {"predict", "print a model's logits for each row of a CSV file", dkit::app::run_predict},
 };
 
 void print_usage(std::ostream& out) {

@@ -11,3 +11,7 @@
 #include <dkit/metrics/host_sync.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/checkpoint/pickle.h>
+#include <dkit/checkpoint/state_dict.h>
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/checkpoint/training_checkpoint.h>

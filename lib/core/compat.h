@@ -6,6 +6,10 @@
 #include <dkit/config.h>
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+
 /// 1 when the LibTorch being compiled against is at least MAJOR.MINOR.
 #define DKIT_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -15,5 +19,19 @@ namespace dkit::compat {
 /// Index of the aggregate entry in the caching allocator's per-pool statistic arrays: `StatType::AGGREGATE`
 /// moved from `c10::cuda::CUDACachingAllocator` (1.13) to `c10::CachingAllocator` (2.x), its value did not.
 constexpr size_t kAggregateStat = 0;
+
+/// The key under which `torch::optim::Optimizer::state()` keeps a parameter's state: the address of the
+/// parameter's TensorImpl printed to a string in 1.13 (`c10::guts::to_string`), the address itself in 2.x. `Key`
+/// is the state map's `key_type`.
+template <typename Key, typename TensorType>
+Key optimizer_state_key(const TensorType& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << param.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
 
 } // namespace dkit::compat

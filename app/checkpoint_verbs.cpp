@@ -1,0 +1,223 @@
+#include "commands.h"
+
+#include <dkit/checkpoint/state_dict.h>
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/error.h>
+#include <dkit/core/json.h>
+#include <dkit/device/device.h>
+
+#include <cxxopts.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+namespace dkit::app {
+namespace {
+
+struct TensorRow {
+  std::string name;
+  std::string shape;
+  std::vector<int64_t> sizes;
+  std::string dtype;
+  std::string device;
+};
+
+std::string format_of(const PickleValue& root, std::string& state_dict_key) {
+  if (is_training_checkpoint(root)) {
+    state_dict_key = "model_state_dict";
+    return "dkit_checkpoint";
+  }
+  if (try_find_state_dict(root, state_dict_key)) {
+    return state_dict_key.empty() ? "state_dict" : "general_checkpoint";
+  }
+  return "pickle";
+}
+
+// A minimal reader for `predict`'s input: numbers only, no header, one sample per row.
+at::Tensor read_rows(const std::string& path, int64_t columns) {
+  std::ifstream in(path);
+  DKIT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
+  std::vector<float> values;
+  std::string line;
+  int64_t rows = 0;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') {
+      line.pop_back();
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) {
+      continue;
+    }
+    std::istringstream cells(line);
+    std::string cell;
+    int64_t count = 0;
+    while (std::getline(cells, cell, ',')) {
+      ++count;
+      const auto begin = cell.find_first_not_of(" \t");
+      const auto end = cell.find_last_not_of(" \t");
+      const std::string text = begin == std::string::npos ? "" : cell.substr(begin, end - begin + 1);
+      char* stop = nullptr;
+      const double value = std::strtod(text.c_str(), &stop);
+      DKIT_CHECK(!text.empty() && stop == text.c_str() + text.size(), path, ":", number, ": cell ", count, " '",
+                 text, "' is not a number");
+      values.push_back(static_cast<float>(value));
+    }
+    DKIT_CHECK(count == columns, path, ":", number, ": ", count, " values, but the model takes ", columns,
+               " inputs");
+    ++rows;
+  }
+  DKIT_CHECK(rows > 0, path, ": no rows to predict");
+  return torch::from_blob(values.data(), {rows, columns}, torch::kFloat).clone();
+}
+
+void write_logits(std::ostream& out, const at::Tensor& logits) {
+  const at::Tensor cpu = logits.to(torch::kCPU, torch::kFloat).contiguous();
+  const float* data = cpu.data_ptr<float>();
+  const int64_t columns = cpu.size(1);
+  char buffer[32];
+  for (int64_t r = 0; r < cpu.size(0); ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      std::snprintf(buffer, sizeof(buffer), "%.*g", std::numeric_limits<float>::max_digits10,
+                    static_cast<double>(data[r * columns + c]));
+      out << (c == 0 ? "" : ",") << buffer;
+    }
+    out << '\n';
+  }
+}
+
+} // namespace
+
+int run_inspect(Args args) {
+  cxxopts::Options options(args.program, "List the tensors in a PyTorch or dkit checkpoint: the file's format, then "
+                                         "each tensor's name, shape, dtype and the device it was saved on. Reads "
+                                         "torch.save files safely: nothing in them is executed.");
+  options.positional_help("FILE");
+  options.add_options()("file", "the file to inspect", cxxopts::value<std::string>())(
+      "json", "print JSON: {\"format\": ..., \"tensors\": [{\"name\", \"shape\", \"dtype\", \"device\"}, ...]}")(
+      "h,help", "show this help");
+  options.parse_positional({"file"});
+  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  if (result.count("help") != 0) {
+    std::cout << options.help();
+    return 0;
+  }
+  DKIT_CHECK(result.count("file") != 0, "inspect needs a FILE (see --help)");
+  const std::string path = result["file"].as<std::string>();
+  const TorchFile file = read_torch_file(path);
+  std::string state_dict_key;
+  const std::string format = format_of(file.root, state_dict_key);
+  std::vector<TensorRow> rows;
+  for_each_tensor(file.root, [&](const std::string& name, const PickleValue& value) {
+    const at::Tensor& tensor = value.to_tensor();
+    std::ostringstream shape;
+    shape << tensor.sizes();
+    rows.push_back({name, shape.str(), tensor.sizes().vec(), dtype_name(tensor.scalar_type()), value.saved_on()});
+  });
+
+  if (result["json"].as<bool>()) {
+    JsonWriter json;
+    json.begin_object().key("format").value(format).key("file").value(path).key("archive").value(file.archive);
+    json.key("version").value(file.version).key("tensors").begin_array();
+    for (const auto& row : rows) {
+      json.begin_object().key("name").value(row.name).key("shape").begin_array();
+      for (const int64_t d : row.sizes) {
+        json.value(d);
+      }
+      json.end_array().key("dtype").value(row.dtype).key("device").value(row.device).end_object();
+    }
+    json.end_array().end_object();
+    std::cout << json.str() << "\n";
+    return 0;
+  }
+  std::cout << "format: " << format;
+  if (!state_dict_key.empty()) {
+    std::cout << " (state dict under '" << state_dict_key << "')";
+  }
+  std::cout << "; torch.save zip archive '" << file.archive << "', version " << file.version << "\n";
+  std::cout << "tensors: " << rows.size() << "\n";
+  size_t name_width = 4;
+  size_t shape_width = 5;
+  size_t dtype_width = 5;
+  for (const auto& row : rows) {
+    name_width = std::max(name_width, row.name.size());
+    shape_width = std::max(shape_width, row.shape.size());
+    dtype_width = std::max(dtype_width, row.dtype.size());
+  }
+  const auto pad = [](const std::string& text, size_t width) { return text + std::string(width - text.size() + 2, ' '); };
+  if (!rows.empty()) {
+    std::cout << pad("name", name_width) << pad("shape", shape_width) << pad("dtype", dtype_width) << "device\n";
+  }
+  for (const auto& row : rows) {
+    std::cout << pad(row.name, name_width) << pad(row.shape, shape_width) << pad(row.dtype, dtype_width)
+              << row.device << "\n";
+  }
+  return 0;
+}
+
+int run_export(Args args) {
+  cxxopts::Options options(args.program,
+                           "Write a model for Python: a file that torch.load reads as a plain dict of tensors named "
+                           "as nn.Sequential names them (0.weight, 0.bias, 2.weight, ...), plus input_mean and "
+                           "input_std when training normalised its inputs. Reads a dkit checkpoint or a PyTorch MLP "
+                           "state dict.");
+  options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
+                        cxxopts::value<std::string>())("output", "the file to write",
+                                                       cxxopts::value<std::string>())("h,help", "show this help");
+  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  if (result.count("help") != 0) {
+    std::cout << options.help();
+    return 0;
+  }
+  DKIT_CHECK(result.count("checkpoint") != 0, "export needs --checkpoint FILE (see --help)");
+  DKIT_CHECK(result.count("output") != 0, "export needs --output FILE (see --help)");
+  const std::string output = result["output"].as<std::string>();
+  const LoadedMlp model = load_mlp(result["checkpoint"].as<std::string>());
+  export_mlp(output, model);
+  std::cout << "wrote " << output << ": " << model.net->named_parameters().size() << " parameter tensors"
+            << (model.input_mean.defined() ? " and input_mean, input_std" : "") << "\n";
+  return 0;
+}
+
+int run_predict(Args args) {
+  cxxopts::Options options(args.program,
+                           "Print the logits of a model for each row of a CSV file (numbers only, no header, one "
+                           "sample per row), one row of logits per input row, in full float precision. Reads a dkit "
+                           "checkpoint, applying the input normalisation it stored, or a PyTorch MLP state dict.");
+  options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
+                        cxxopts::value<std::string>())("input", "the CSV file of samples", cxxopts::value<std::string>())(
+      "output", "write the logits to this CSV file instead of stdout", cxxopts::value<std::string>())(
+      "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
+      "activation", "relu, gelu or tanh, for state dicts, which do not record it (a dkit checkpoint does)",
+      cxxopts::value<std::string>()->default_value("relu"))("h,help", "show this help");
+  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  if (result.count("help") != 0) {
+    std::cout << options.help();
+    return 0;
+  }
+  DKIT_CHECK(result.count("checkpoint") != 0, "predict needs --checkpoint FILE (see --help)");
+  DKIT_CHECK(result.count("input") != 0, "predict needs --input ROWS.csv (see --help)");
+  const Device device = parse_device(result["device"].as<std::string>());
+  const LoadedMlp model =
+      load_mlp(result["checkpoint"].as<std::string>(),
+               LoadMlpOptions().device(device).activation(parse_activation(result["activation"].as<std::string>())));
+  const at::Tensor inputs = read_rows(result["input"].as<std::string>(), model.net->options.in_features());
+  const at::Tensor logits = model.predict(inputs);
+  if (result.count("output") == 0) {
+    write_logits(std::cout, logits);
+    return 0;
+  }
+  const std::string output = result["output"].as<std::string>();
+  std::ofstream out(output);
+  DKIT_CHECK(out, "cannot write ", output, ": ", std::strerror(errno));
+  write_logits(out, logits);
+  out.close();
+  DKIT_CHECK(out, "cannot write ", output, ": ", std::strerror(errno));
+  return 0;
+}
+
+} // namespace dkit::app

@@ -1,0 +1,257 @@
+#include <dkit/checkpoint/state_dict.h>
+
+#include <dkit/core/error.h>
+
+#include <torch/torch.h>
+
+#include <set>
+#include <sstream>
+
+namespace dkit {
+namespace {
+
+constexpr const char* kNestedKeys[] = {"model_state_dict", "state_dict", "model"};
+constexpr const char* kWrapperPrefixes[] = {"module.", "_orig_mod."};
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::string quoted_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out += (i == 0 ? "\"" : ", \"") + keys[i] + "\"";
+  }
+  return out;
+}
+
+std::string shape(const at::Tensor& tensor) {
+  std::ostringstream out;
+  out << tensor.sizes();
+  return out.str();
+}
+
+std::string describe_root(const PickleValue& root) {
+  if (!root.is_dict()) {
+    return "the file holds a " + root.type_name();
+  }
+  std::string keys;
+  size_t shown = 0;
+  for (const auto& [key, value] : root.entries()) {
+    if (shown == 8) {
+      keys += ", ...";
+      break;
+    }
+    keys += (shown++ == 0 ? "'" : ", '") + (key.is_int() ? std::to_string(key.to_int()) : key.to_string()) + "'";
+  }
+  return "the file holds a " + root.type_name() + " with keys " + (keys.empty() ? "(none)" : keys);
+}
+
+// `dkit::MlpImpl` -> `Mlp`, as PyTorch names the module by its class.
+std::string module_class_name(const torch::nn::Module& module) {
+  std::string name = module.name();
+  const auto colon = name.rfind("::");
+  if (colon != std::string::npos) {
+    name = name.substr(colon + 2);
+  }
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) {
+    name.resize(name.size() - 4);
+  }
+  return name;
+}
+
+} // namespace
+
+bool is_state_dict(const PickleValue& value) {
+  if (!value.is_dict()) {
+    return false;
+  }
+  for (const auto& [key, item] : value.entries()) {
+    if (!key.is_string() || !item.is_tensor()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool try_find_state_dict(const PickleValue& root, std::string& key) {
+  if (is_state_dict(root)) {
+    key.clear();
+    return true;
+  }
+  for (const char* nested : kNestedKeys) {
+    const PickleValue* value = root.find(nested);
+    if (value != nullptr && is_state_dict(*value)) {
+      key = nested;
+      return true;
+    }
+  }
+  return false;
+}
+
+StateDict state_dict_from(const PickleValue& root, const std::string& source, const StateDictOptions& options) {
+  std::string key;
+  DKIT_CHECK(try_find_state_dict(root, key), source,
+             ": no state dict found: expected a dict of tensors, or one under 'model_state_dict', 'state_dict' or "
+             "'model'; ",
+             describe_root(root));
+  const PickleValue& found = key.empty() ? root : *root.find(key);
+  std::vector<std::string> names;
+  for (const auto& entry : found.entries()) {
+    names.push_back(entry.first.to_string());
+  }
+  for (bool stripped = options.strip_wrapper_prefixes(); stripped && !names.empty();) {
+    stripped = false;
+    for (const std::string prefix : kWrapperPrefixes) {
+      if (std::all_of(names.begin(), names.end(), [&](const std::string& n) { return starts_with(n, prefix); })) {
+        for (auto& n : names) {
+          n.erase(0, prefix.size());
+        }
+        stripped = true;
+      }
+    }
+  }
+  StateDict state_dict("state dict key");
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string name = names[i];
+    for (const auto& [from, to] : options.renames()) {
+      if (starts_with(name, from)) {
+        name = to + name.substr(from.size());
+        break;
+      }
+    }
+    DKIT_CHECK(!state_dict.contains(name), source, ": two tensors are named '", name,
+               "' once prefixes are stripped and renamed");
+    state_dict.insert(name, found.entries()[i].second.to_tensor());
+  }
+  return state_dict;
+}
+
+StateDict read_state_dict(const std::string& path, const ReadOptions& read_options, const StateDictOptions& options) {
+  return state_dict_from(read_torch_file(path, read_options).root, path, options);
+}
+
+StateDict module_state_dict(const torch::nn::Module& module) {
+  StateDict state_dict("state dict key");
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    state_dict.insert(item.key(), item.value().detach());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    state_dict.insert(item.key(), item.value().detach());
+  }
+  return state_dict;
+}
+
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& state_dict,
+                                    const LoadStateDictOptions& options) {
+  StateDict targets = module_state_dict(module);
+  LoadStateDictResult result;
+  std::vector<std::string> errors;
+  for (const auto& target : targets) {
+    const at::Tensor* source = state_dict.find(target.key());
+    if (source == nullptr) {
+      result.missing_keys.push_back(target.key());
+      continue;
+    }
+    if (source->sizes() != target.value().sizes()) {
+      errors.push_back("size mismatch for " + target.key() + ": copying a param with shape " + shape(*source) +
+                       " from checkpoint, the shape in current model is " + shape(target.value()) + ".");
+    } else if (source->scalar_type() != target.value().scalar_type() &&
+               !(source->is_floating_point() && target.value().is_floating_point())) {
+      errors.push_back("dtype mismatch for " + target.key() + ": copying a param of dtype " +
+                       dtype_name(source->scalar_type()) + " from checkpoint, the dtype in current model is " +
+                       dtype_name(target.value().scalar_type()) + ".");
+    }
+  }
+  for (const auto& item : state_dict) {
+    if (!targets.contains(item.key())) {
+      result.unexpected_keys.push_back(item.key());
+    }
+  }
+  if (options.strict() && !result.unexpected_keys.empty()) {
+    errors.insert(errors.begin(), "Unexpected key(s) in state_dict: " + quoted_keys(result.unexpected_keys) + ".");
+  }
+  if (options.strict() && !result.missing_keys.empty()) {
+    errors.insert(errors.begin(), "Missing key(s) in state_dict: " + quoted_keys(result.missing_keys) + ".");
+  }
+  if (!errors.empty()) {
+    std::string message = "Error(s) in loading state_dict for " + module_class_name(module);
+    if (!options.source().empty()) {
+      message += " from " + options.source();
+    }
+    message += ":";
+    for (const auto& error : errors) {
+      message += " " + error;
+    }
+    throw Error(message);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& target : targets) {
+    if (const at::Tensor* source = state_dict.find(target.key())) {
+      target.value().copy_(*source);
+    }
+  }
+  return result;
+}
+
+Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptions& options) {
+  const std::string& source = options.source();
+  std::vector<std::string> weights;
+  std::vector<std::string> biases;
+  std::set<std::string> used;
+  for (const auto& item : state_dict) {
+    if (item.value().dim() != 2) {
+      continue;
+    }
+    const std::string& name = item.key();
+    weights.push_back(name);
+    used.insert(name);
+    std::string bias;
+    if (name == "weight") {
+      bias = "bias";
+    } else if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {
+      bias = name.substr(0, name.size() - 6) + "bias";
+    }
+    const at::Tensor* tensor = bias.empty() ? nullptr : state_dict.find(bias);
+    if (tensor == nullptr) {
+      biases.emplace_back();
+      continue;
+    }
+    DKIT_CHECK(tensor->dim() == 1 && tensor->size(0) == item.value().size(0), source, ": bias '", bias,
+               "' has shape ", shape(*tensor), " but its weight '", name, "' has shape ", shape(item.value()),
+               ", so the bias should have shape [", item.value().size(0), "]");
+    biases.push_back(bias);
+    used.insert(bias);
+  }
+  DKIT_CHECK(!weights.empty(), source, ": no 2-D weights in the state dict, so no Linear layers to build an MLP from");
+  for (const auto& item : state_dict) {
+    DKIT_CHECK(used.count(item.key()) != 0, source, ": tensor '", item.key(), "' of shape ", shape(item.value()),
+               " is not part of an MLP: only 2-D weights and the biases named like them are read");
+  }
+  const auto with_bias = std::count_if(biases.begin(), biases.end(), [](const auto& b) { return !b.empty(); });
+  DKIT_CHECK(with_bias == 0 || static_cast<size_t>(with_bias) == biases.size(), source,
+             ": some Linear layers have a bias and others do not; dkit::Mlp needs all or none");
+  std::vector<int64_t> hidden;
+  for (size_t i = 1; i < weights.size(); ++i) {
+    const at::Tensor& previous = state_dict[weights[i - 1]];
+    const at::Tensor& next = state_dict[weights[i]];
+    DKIT_CHECK(previous.size(0) == next.size(1), source, ": layers '", weights[i - 1], "' ", shape(previous),
+               " and '", weights[i], "' ", shape(next), " do not chain: the first gives ", previous.size(0),
+               " features, the second takes ", next.size(1));
+    hidden.push_back(previous.size(0));
+  }
+  const int64_t in_features = state_dict[weights.front()].size(1);
+  const int64_t out_features = state_dict[weights.back()].size(0);
+  Mlp net(MlpOptions(in_features, hidden, out_features).activation(options.activation()).bias(with_bias > 0));
+  StateDict renamed("state dict key");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    renamed.insert(std::to_string(2 * i) + ".weight", state_dict[weights[i]]);
+    if (!biases[i].empty()) {
+      renamed.insert(std::to_string(2 * i) + ".bias", state_dict[biases[i]]);
+    }
+  }
+  load_state_dict(*net, renamed, LoadStateDictOptions().source(source));
+  return net;
+}
+
+} // namespace dkit

@@ -1,0 +1,97 @@
+#pragma once
+
+#include <dkit/checkpoint/pickle.h>
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/model/mlp.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/ordered_dict.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
+namespace dkit {
+
+/// Tensors by name, in order: what Python's `Module.state_dict()` returns.
+using StateDict = torch::OrderedDict<std::string, at::Tensor>;
+
+/// Key prefix renames, `{from, to}`.
+using KeyRenames = std::vector<std::pair<std::string, std::string>>;
+
+/// How a state dict is picked out of a file's contents and its keys rewritten.
+struct StateDictOptions {
+  /// Strips the prefixes `module.` (DataParallel, DistributedDataParallel) and `_orig_mod.` (torch.compile), as
+  /// often as every key starts with one of them.
+  TORCH_ARG(bool, strip_wrapper_prefixes) = true;
+  /// Key prefix renames, `{from, to}`, applied after the stripping: a key starting with `from` has that part
+  /// replaced by `to`. The first matching rename applies.
+  TORCH_ARG(KeyRenames, renames) = {};
+};
+
+/// Whether `value` is a state dict: a dict whose values are all tensors.
+bool is_state_dict(const PickleValue& value);
+
+/// Looks for the state dict in a file's root value: the root itself, or the value under `model_state_dict`,
+/// `state_dict` or `model` (checked in that order). Sets `key` to where it is (empty for the root) and returns
+/// true, or returns false when there is none.
+bool try_find_state_dict(const PickleValue& root, std::string& key);
+
+/// The state dict in `root` (see try_find_state_dict()), with wrapper prefixes stripped and `options.renames()`
+/// applied. `source` names the file in errors.
+StateDict state_dict_from(const PickleValue& root, const std::string& source, const StateDictOptions& options = {});
+
+/// Reads `path` and returns its state dict, as state_dict_from().
+StateDict read_state_dict(const std::string& path, const ReadOptions& read_options = {},
+                          const StateDictOptions& options = {});
+
+/// The parameters and buffers of `module`, named as LibTorch registers them, detached from autograd but sharing
+/// their storage (what Python's `module.state_dict()` returns).
+StateDict module_state_dict(const torch::nn::Module& module);
+
+/// How load_state_dict() treats keys that do not match.
+struct LoadStateDictOptions {
+  /// Whether a missing or unexpected key is an error, as in PyTorch's `load_state_dict(strict=True)`. A size
+  /// mismatch is always an error.
+  TORCH_ARG(bool, strict) = true;
+  /// Names where the state dict came from in errors, e.g. the file's path; empty leaves it out.
+  TORCH_ARG(std::string, source) = "";
+};
+
+/// The keys that did not match, as PyTorch's `load_state_dict` returns them.
+struct LoadStateDictResult {
+  /// Parameters and buffers of the module that the state dict lacks.
+  std::vector<std::string> missing_keys;
+  /// Entries of the state dict that the module has no parameter or buffer for.
+  std::vector<std::string> unexpected_keys;
+};
+
+/// Copies `state_dict` into the parameters and buffers of `module`, converting float16, bfloat16, float32 and
+/// float64 to each parameter's dtype and moving the values to each parameter's device (so the default
+/// map_location is the module's device). Errors are worded as PyTorch's, on one line:
+/// `Error(s) in loading state_dict for Mlp: Missing key(s) in state_dict: "2.bias". Unexpected key(s) in
+/// state_dict: "3.bias". size mismatch for 0.weight: copying a param with shape [3, 4] from checkpoint, the shape
+/// in current model is [5, 4].` Nothing is copied when there is an error.
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& state_dict,
+                                    const LoadStateDictOptions& options = {});
+
+/// How mlp_from_state_dict() builds the network.
+struct MlpFromStateDictOptions {
+  /// Nonlinearity between the layers; a state dict does not record it.
+  TORCH_ARG(Activation, activation) = Activation::kReLU;
+  /// Names where the state dict came from in errors, e.g. the file's path.
+  TORCH_ARG(std::string, source) = "state dict";
+};
+
+/// An Mlp whose shape comes from the state dict: its Linear layers are the 2-D tensors in the order they appear,
+/// whatever their names (`hidden.weight`, `output.weight` work as `0.weight`, `2.weight` do), each with the
+/// 1-D tensor named like it with `bias` for `weight` as its bias. Each layer's input size must equal the previous
+/// layer's output size; a tensor that is neither a weight nor its bias is an error.
+Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptions& options = {});
+
+} // namespace dkit

@@ -1,0 +1,405 @@
+#include <dkit/checkpoint/torch_file.h>
+
+#include <dkit/core/error.h>
+#include <dkit/device/device.h>
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+namespace dkit {
+namespace {
+
+// The first bytes of PyTorch's legacy format: pickle protocol 2, then LONG1 of the magic number
+// 0x1950a86a20f9469cfc6c.
+constexpr unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                          0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+
+struct ZipRecord {
+  uint64_t compressed = 0;
+  uint64_t size = 0;
+  uint16_t method = 0;
+};
+
+uint64_t le(const unsigned char* p, size_t n) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < n; ++i) {
+    value |= static_cast<uint64_t>(p[i]) << (8 * i);
+  }
+  return value;
+}
+
+std::string first_line(const std::string& text) {
+  return text.substr(0, text.find('\n'));
+}
+
+class FileReader {
+ public:
+  explicit FileReader(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DKIT_CHECK(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
+    struct stat info {};
+    DKIT_CHECK(::fstat(fd_, &info) == 0, path, ": cannot read: ", std::strerror(errno));
+    DKIT_CHECK(!S_ISDIR(info.st_mode), path, ": is a directory, not a file");
+    size_ = static_cast<uint64_t>(info.st_size);
+  }
+  ~FileReader() {
+    ::close(fd_);
+  }
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+
+  uint64_t size() const {
+    return size_;
+  }
+
+  // Reads exactly n bytes at offset, or returns false when the file is shorter.
+  bool read(uint64_t offset, void* out, size_t n) const {
+    if (offset > size_ || n > size_ - offset) {
+      return false;
+    }
+    auto* bytes = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd_, bytes, n, static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) {
+        continue;
+      }
+      DKIT_CHECK(got >= 0, path_, ": cannot read: ", std::strerror(errno));
+      if (got == 0) {
+        return false;
+      }
+      bytes += got;
+      offset += static_cast<uint64_t>(got);
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+void check_file_kind(const std::string& path, const FileReader& file) {
+  DKIT_CHECK(file.size() > 0, path, ": the file is empty");
+  unsigned char head[sizeof(kLegacyMagic)] = {};
+  const size_t n = std::min<uint64_t>(file.size(), sizeof(head));
+  file.read(0, head, n);
+  DKIT_CHECK(n < sizeof(kLegacyMagic) || std::memcmp(head, kLegacyMagic, sizeof(kLegacyMagic)) != 0, path,
+             ": this file uses PyTorch's legacy serialization format (torch.save before PyTorch 1.6, or with "
+             "_use_new_zipfile_serialization=False), which dkit does not read; re-save it with a recent PyTorch: "
+             "torch.save(torch.load('", path, "'), 'new.pt')");
+  DKIT_CHECK(n < 8 || std::memcmp(head, "PYTORCH1", 8) != 0, path,
+             ": this file uses the archive format of PyTorch's 1.0 preview, which dkit does not read; re-save it "
+             "with a recent PyTorch");
+  if (n >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) {
+    return;
+  }
+  DKIT_CHECK(head[0] != 0x80, path,
+             ": this is a plain pickle, not a torch.save archive; load it in Python and save it with torch.save");
+  std::string start;
+  for (size_t i = 0; i < std::min<size_t>(n, 4); ++i) {
+    char hex[4];
+    std::snprintf(hex, sizeof(hex), "%s%02x", i == 0 ? "" : " ", head[i]);
+    start += hex;
+  }
+  throw Error(detail::concat(path, ": not a PyTorch file: it starts with bytes ", start,
+                             ", neither a torch.save zip archive nor PyTorch's legacy format"));
+}
+
+// Reads the zip's central directory with dkit's own code, so that every record's claimed size is checked against
+// the file and the limits before LibTorch's reader allocates memory for it.
+std::map<std::string, ZipRecord> read_central_directory(const std::string& path, const FileReader& file,
+                                                        const ReadLimits& limits) {
+  const std::string corrupt = path + ": truncated or corrupt zip archive: ";
+  const uint64_t size = file.size();
+  const uint64_t tail_size = std::min<uint64_t>(size, 22 + 65535);
+  std::vector<unsigned char> tail(tail_size);
+  DKIT_CHECK(file.read(size - tail_size, tail.data(), tail_size), corrupt, "cannot read its end");
+  int64_t eocd = -1;
+  for (int64_t i = static_cast<int64_t>(tail_size) - 22; i >= 0; --i) {
+    if (le(&tail[static_cast<size_t>(i)], 4) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  }
+  DKIT_CHECK(eocd >= 0, corrupt, "no end of central directory record (the file may have been cut short)");
+  const unsigned char* end = &tail[static_cast<size_t>(eocd)];
+  uint64_t count = le(end + 10, 2);
+  uint64_t directory_size = le(end + 12, 4);
+  uint64_t directory_offset = le(end + 16, 4);
+  const uint64_t eocd_offset = size - tail_size + static_cast<uint64_t>(eocd);
+  unsigned char locator[20];
+  if (eocd_offset >= 20 && file.read(eocd_offset - 20, locator, 20) && le(locator, 4) == 0x07064b50) {
+    unsigned char end64[56];
+    DKIT_CHECK(file.read(le(locator + 8, 8), end64, 56) && le(end64, 4) == 0x06064b50, corrupt,
+               "bad zip64 end of central directory record");
+    count = le(end64 + 32, 8);
+    directory_size = le(end64 + 40, 8);
+    directory_offset = le(end64 + 48, 8);
+  }
+  DKIT_CHECK(directory_offset <= size && directory_size <= size - directory_offset, corrupt,
+             "its central directory lies outside the file");
+  DKIT_CHECK(count <= static_cast<uint64_t>(limits.max_records()), path, ": the archive holds ", count,
+             " records, more than the limit of ", limits.max_records(), " (max_records)");
+
+  std::map<std::string, ZipRecord> records;
+  uint64_t at = directory_offset;
+  for (uint64_t i = 0; i < count; ++i) {
+    unsigned char header[46];
+    DKIT_CHECK(file.read(at, header, sizeof(header)) && le(header, 4) == 0x02014b50, corrupt,
+               "bad central directory entry ", i);
+    const size_t name_length = le(header + 28, 2);
+    const size_t extra_length = le(header + 30, 2);
+    const size_t comment_length = le(header + 32, 2);
+    std::vector<unsigned char> variable(name_length + extra_length);
+    DKIT_CHECK(file.read(at + 46, variable.data(), variable.size()), corrupt, "bad central directory entry ", i);
+    std::string name(variable.begin(), variable.begin() + static_cast<std::ptrdiff_t>(name_length));
+    ZipRecord record;
+    record.method = static_cast<uint16_t>(le(header + 10, 2));
+    record.compressed = le(header + 20, 4);
+    record.size = le(header + 24, 4);
+    uint64_t local = le(header + 42, 4);
+    for (size_t x = name_length; x + 4 <= variable.size();) {
+      const uint64_t id = le(&variable[x], 2);
+      const size_t length = le(&variable[x + 2], 2);
+      size_t field = x + 4;
+      const size_t field_end = std::min(field + length, variable.size());
+      if (id == 0x0001) {
+        for (uint64_t* value : {&record.size, &record.compressed, &local}) {
+          if (*value == 0xffffffffu && field + 8 <= field_end) {
+            *value = le(&variable[field], 8);
+            field += 8;
+          }
+        }
+      }
+      x = field_end;
+    }
+    unsigned char local_header[30];
+    DKIT_CHECK(file.read(local, local_header, sizeof(local_header)) && le(local_header, 4) == 0x04034b50, corrupt,
+               "record '", name, "' has no local header");
+    const uint64_t data = local + 30 + le(local_header + 26, 2) + le(local_header + 28, 2);
+    DKIT_CHECK(data <= size && record.compressed <= size - data, corrupt, "record '", name,
+               "' reaches past the end of the file (the file may have been cut short)");
+    DKIT_CHECK(record.method == 0 || record.method == 8, path, ": record '", name,
+               "' uses zip compression method ", record.method, " (only stored and deflated records are read)");
+    DKIT_CHECK(record.method != 0 || record.size == record.compressed, corrupt, "record '", name, "' claims ",
+               record.size, " bytes but stores ", record.compressed);
+    DKIT_CHECK(record.method != 8 || record.size / 1032 <= record.compressed, corrupt, "record '", name,
+               "' claims ", record.size, " bytes, more than ", record.compressed, " compressed bytes can hold");
+    DKIT_CHECK(record.size <= static_cast<uint64_t>(limits.max_record_bytes()), path, ": record '", name, "' is ",
+               record.size, " bytes, more than the limit of ", limits.max_record_bytes(), " (max_record_bytes)");
+    records.emplace(std::move(name), record);
+    at += 46 + name_length + extra_length + comment_length;
+  }
+  return records;
+}
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path) : path_(path) {
+    const auto parent = std::filesystem::path(path).parent_path();
+    folder_ = parent.empty() ? "." : parent.string();
+    temp_ = path + ".tmp.XXXXXX";
+    fd_ = ::mkstemp(temp_.data());
+    DKIT_CHECK(fd_ >= 0, "cannot write ", path, ": cannot create a temporary file in ", folder_, ": ",
+               std::strerror(errno));
+    ::fchmod(fd_, 0644);
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+    if (!committed_) {
+      ::unlink(temp_.c_str());
+    }
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // Never reports a failure to PyTorchStreamWriter, whose destructor would otherwise throw: the first error is
+  // kept and reported by commit().
+  size_t write(const void* data, size_t n) {
+    if (error_ == 0) {
+      if (buffer_.size() + n > kBufferBytes) {
+        flush();
+      }
+      if (n >= kBufferBytes) {
+        write_all(static_cast<const char*>(data), n);
+      } else {
+        buffer_.append(static_cast<const char*>(data), n);
+      }
+    }
+    return n;
+  }
+
+  void commit() {
+    flush();
+    if (error_ == 0 && ::fsync(fd_) != 0) {
+      error_ = errno;
+    }
+    if (::close(fd_) != 0 && error_ == 0) {
+      error_ = errno;
+    }
+    fd_ = -1;
+    const bool existed = std::filesystem::exists(path_);
+    DKIT_CHECK(error_ == 0, "cannot write ", path_, ": ", std::strerror(error_),
+               existed ? " (the existing file is unchanged)" : "");
+    DKIT_CHECK(::rename(temp_.c_str(), path_.c_str()) == 0, "cannot write ", path_, ": rename failed: ",
+               std::strerror(errno), existed ? " (the existing file is unchanged)" : "");
+    committed_ = true;
+    const int folder = ::open(folder_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DKIT_CHECK(folder >= 0 && ::fsync(folder) == 0, "wrote ", path_, " but could not sync its folder ", folder_,
+               ": ", std::strerror(errno));
+    ::close(folder);
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+
+  void flush() {
+    if (error_ == 0 && !buffer_.empty()) {
+      write_all(buffer_.data(), buffer_.size());
+    }
+    buffer_.clear();
+  }
+
+  void write_all(const char* data, size_t n) {
+    while (n > 0 && error_ == 0) {
+      const ssize_t done = ::write(fd_, data, n);
+      if (done < 0 && errno == EINTR) {
+        continue;
+      }
+      if (done <= 0) {
+        error_ = done < 0 ? errno : EIO;
+        return;
+      }
+      data += done;
+      n -= static_cast<size_t>(done);
+    }
+  }
+
+  std::string path_;
+  std::string folder_;
+  std::string temp_;
+  std::string buffer_;
+  int fd_ = -1;
+  int error_ = 0;
+  bool committed_ = false;
+};
+
+} // namespace
+
+TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
+  const auto& limits = options.limits();
+  const c10::Device device = options.map_location();
+  DKIT_CHECK(is_available(device), path, ": cannot load to ", device, ": it is not available here (available: ",
+             available_devices(), ")");
+  FileReader file(path);
+  check_file_kind(path, file);
+  DKIT_CHECK(file.size() <= static_cast<uint64_t>(limits.max_file_bytes()), path, ": the file is ", file.size(),
+             " bytes, more than the limit of ", limits.max_file_bytes(), " (max_file_bytes)");
+  const auto all = read_central_directory(path, file, limits);
+  DKIT_CHECK(!all.empty(), path, ": the zip archive is empty: not a file written by torch.save");
+  const std::string& first = all.begin()->first;
+  const std::string archive = first.substr(0, first.find('/'));
+  std::map<std::string, ZipRecord> records;
+  for (const auto& [name, record] : all) {
+    DKIT_CHECK(name.size() > archive.size() && name.compare(0, archive.size() + 1, archive + "/") == 0, path,
+               ": not a file written by torch.save: its zip records are not all in one folder");
+    records.emplace(name.substr(archive.size() + 1), record);
+  }
+  const bool torchscript = records.count("constants.pkl") != 0 ||
+                           std::any_of(records.begin(), records.end(),
+                                       [](const auto& r) { return r.first.rfind("code/", 0) == 0; });
+  DKIT_CHECK(!torchscript, path,
+             ": this is a TorchScript archive (torch.jit.save), not a torch.save file; save its weights in Python "
+             "with torch.save(torch.jit.load('", path, "').state_dict(), 'weights.pt')");
+  DKIT_CHECK(records.count("data.pkl") != 0, path, ": the zip archive has no data.pkl: not a file written by torch.save");
+  DKIT_CHECK(records.count("version") != 0 || records.count(".data/version") != 0, path,
+             ": the zip archive has no version record: not a file written by torch.save");
+  DKIT_CHECK(records.at("data.pkl").size <= static_cast<uint64_t>(limits.max_pickle_bytes()), path,
+             ": data.pkl is ", records.at("data.pkl").size, " bytes, more than the limit of ",
+             limits.max_pickle_bytes(), " (max_pickle_bytes)");
+
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  const auto get_record = [&](const std::string& name) {
+    try {
+      return reader->getRecord(name);
+    } catch (const c10::Error& e) {
+      throw Error(detail::concat(path, ": cannot read record '", name, "': ", first_line(e.what_without_backtrace())));
+    }
+  };
+  try {
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+  } catch (const c10::Error& e) {
+    throw Error(detail::concat(path, ": corrupt zip archive: ", first_line(e.what_without_backtrace())));
+  }
+  if (records.count("byteorder") != 0) {
+    auto [data, size] = get_record("byteorder");
+    const std::string order(static_cast<const char*>(data.get()), size);
+    DKIT_CHECK(order == "little", path, ": the tensors were saved in '", order,
+               "' byte order; dkit reads only little-endian files");
+  }
+
+  const StorageLoader load_storage = [&](const std::string& key, c10::ScalarType dtype, int64_t numel,
+                                         const std::string& /*location*/) {
+    const std::string name = "data/" + key;
+    const auto found = records.find(name);
+    DKIT_CHECK(found != records.end(), path, ": the pickle refers to storage '", key, "' but the archive has no ",
+               name, " record");
+    uint64_t needed = 0;
+    const bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(numel), c10::elementSize(dtype), &needed);
+    DKIT_CHECK(!overflow && found->second.size == needed, path, ": record ", name, " holds ", found->second.size,
+               " bytes but the pickle says its storage is ", numel, " ", dtype_name(dtype), " values");
+    auto [data, size] = get_record(name);
+    TORCH_INTERNAL_ASSERT(size == needed, "record ", name, " changed size");
+    c10::Storage storage(c10::Storage::use_byte_size_t(), size, std::move(data), /*allocator=*/nullptr,
+                         /*resizable=*/false);
+    if (device.is_cpu()) {
+      return storage;
+    }
+    auto whole = at::empty({0}, at::TensorOptions().dtype(dtype));
+    whole.set_(storage, 0, {numel}, {1});
+    return whole.to(device).storage();
+  };
+
+  TorchFile result;
+  result.archive = archive;
+  {
+    auto [data, size] = get_record(records.count("version") != 0 ? "version" : ".data/version");
+    result.version = std::strtoll(std::string(static_cast<const char*>(data.get()), size).c_str(), nullptr, 10);
+  }
+  auto [data, size] = get_record("data.pkl");
+  result.root = unpickle(std::string_view(static_cast<const char*>(data.get()), size), load_storage, path, limits);
+  return result;
+}
+
+void write_torch_file(const std::string& path, const PickleValue& root) {
+  const Pickled pickled = pickle(root);
+  AtomicFile file(path);
+  {
+    caffe2::serialize::PyTorchStreamWriter writer(
+        [&file](const void* data, size_t n) { return file.write(data, n); });
+    writer.writeRecord("data.pkl", pickled.data.data(), pickled.data.size());
+    writer.writeRecord("byteorder", "little", 6);
+    for (size_t i = 0; i < pickled.storages.size(); ++i) {
+      const at::Tensor storage = pickled.storages[i].cpu();
+      writer.writeRecord("data/" + std::to_string(i), storage.data_ptr(), storage.nbytes());
+    }
+    writer.writeEndOfFile();
+  }
+  file.commit();
+}
+
+} // namespace dkit

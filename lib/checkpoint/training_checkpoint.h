@@ -1,0 +1,185 @@
+#pragma once
+
+#include <dkit/checkpoint/pickle.h>
+#include <dkit/checkpoint/state_dict.h>
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/model/mlp.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+} // namespace torch::optim
+
+namespace dkit {
+
+/// The version of the training checkpoint format this dkit writes (the file's `dkit_checkpoint` entry).
+constexpr int64_t kTrainingCheckpointVersion = 1;
+
+/// The states of the random generators: what `torch.get_rng_state()` and `torch.cuda.get_rng_state_all()` return.
+struct RngState {
+  /// The default CPU generator's state, a uint8 tensor.
+  at::Tensor cpu;
+  /// Each GPU's default generator state, in device order; empty on a build or machine without CUDA.
+  std::vector<at::Tensor> cuda;
+};
+
+/// The current state of the default CPU generator and of every visible GPU's default generator.
+RngState capture_rng_state();
+
+/// Puts the generators back in `state`. CUDA states are restored for the GPUs that exist both in `state` and
+/// here, so a checkpoint saved with GPUs resumes on the CPU and the reverse.
+void restore_rng_state(const RngState& state);
+
+/// The optimizer's state in the layout of Python's `optimizer.state_dict()`: `{'state': {index: {...}},
+/// 'param_groups': [{'lr': ..., ..., 'params': [indices]}]}`, parameters numbered across the groups in order.
+/// Supports `torch::optim::SGD`, `Adam` and `AdamW`; the entries are those PyTorch writes for the same
+/// optimizer (SGD: `momentum_buffer`; Adam, AdamW: `step` as a float32 tensor, `exp_avg`, `exp_avg_sq`,
+/// `max_exp_avg_sq` with amsgrad). The tensors are the optimizer's own, not copies.
+PickleValue optimizer_state_dict(const torch::optim::Optimizer& optimizer);
+
+/// Restores state written by optimizer_state_dict() or by Python's `optimizer.state_dict()` into `optimizer`:
+/// the options of each parameter group (lr, momentum, betas, ...) and each parameter's state, moved to the
+/// parameter's device and dtype. The optimizer must have been built over the same parameters in the same order;
+/// group and parameter counts and state shapes are checked. Restoring bitwise what was saved, continuing
+/// training gives bitwise the same result as not stopping. `source` names the file in errors.
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleValue& state,
+                               const std::string& source = "optimizer state");
+
+/// Everything needed to continue training exactly where it stopped. Saved as a torch.save-compatible file
+/// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict with
+/// `nn.Sequential` names), `model`, `input_mean`/`input_std` (when set), `optimizer_state_dict`, `step`,
+/// `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor, ...]}`), `config` and `data_checksum`.
+struct TrainingCheckpoint {
+  /// The model's parameters and buffers (see module_state_dict()).
+  StateDict model_state_dict{"state dict key"};
+  /// The model's shape: in_features, hidden, out_features, activation, dropout (and bias, from the state dict).
+  MlpOptions model{1, {}, 1};
+  /// Per-feature mean subtracted from the inputs; undefined when training did not normalise inputs.
+  at::Tensor input_mean;
+  /// Per-feature standard deviation the inputs are divided by; undefined when input_mean is.
+  at::Tensor input_std;
+  /// The optimizer's state (see optimizer_state_dict()).
+  PickleValue optimizer_state_dict;
+  /// Optimizer steps taken since the start of training.
+  int64_t step = 0;
+  /// The epoch in progress (0-based).
+  int64_t epoch = 0;
+  /// Batches already done in `epoch`: where the data order resumes.
+  int64_t epoch_step = 0;
+  /// The random generators' states.
+  RngState rng;
+  /// The resolved configuration (YAML) the run was started with.
+  std::string config;
+  /// Checksum of the training data, to notice a resume on different data.
+  std::string data_checksum;
+};
+
+/// Writes `checkpoint` to `path` atomically (see write_torch_file()). Python's `torch.load(path)` reads it.
+void save_training_checkpoint(const std::string& path, const TrainingCheckpoint& checkpoint);
+
+/// Whether a file's root value is a dkit training checkpoint (has a `dkit_checkpoint` entry).
+bool is_training_checkpoint(const PickleValue& root);
+
+/// The training checkpoint in a file's root value; `source` names the file in errors. Its RNG states are on the
+/// CPU whatever the tensors' device.
+TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::string& source);
+
+/// Reads a checkpoint written by save_training_checkpoint(), tensors on `map_location`.
+TrainingCheckpoint load_training_checkpoint(const std::string& path,
+                                            const c10::Device& map_location = c10::Device(c10::kCPU));
+
+/// Like load_training_checkpoint(), but returns false with the error's message in `error` instead of throwing
+/// when the file is missing or unreadable.
+bool try_load_training_checkpoint(const std::string& path, const c10::Device& map_location, TrainingCheckpoint& out,
+                                  std::string& error);
+
+/// How a CheckpointFolder keeps its files.
+struct CheckpointFolderOptions {
+  /// How many step-numbered checkpoints to keep, newest first; older ones are deleted after each save. 0 keeps
+  /// all of them.
+  TORCH_ARG(int64_t, keep) = 3;
+};
+
+/// The checkpoint that CheckpointFolder::load_newest() found, and what it had to skip to find it.
+struct FoundCheckpoint {
+  /// The checkpoint.
+  TrainingCheckpoint checkpoint;
+  /// The file it was read from.
+  std::string path;
+  /// One line per newer file that could not be read, `PATH: reason`; empty when the newest file was good.
+  std::vector<std::string> skipped;
+};
+
+/// A run's checkpoints: `RUN_DIR/checkpoints/step-000123.pt` for each save, the newest `keep` of them kept, and
+/// `RUN_DIR/checkpoints/last.pt`, the latest save. Every file is written atomically, so a process killed at any
+/// moment leaves each of them either whole or as it was.
+class CheckpointFolder {
+ public:
+  /// The checkpoints of the run in `run_dir`; the folder is created by the first save().
+  explicit CheckpointFolder(const std::string& run_dir, CheckpointFolderOptions options = {});
+
+  /// `RUN_DIR/checkpoints`.
+  const std::string& path() const {
+    return path_;
+  }
+
+  /// Writes `checkpoint` as the step file for `checkpoint.step`, then makes `last.pt` the same file, then deletes
+  /// step files beyond the retention count. Returns the step file's path.
+  std::string save(const TrainingCheckpoint& checkpoint);
+
+  /// The step-numbered files present, newest (highest step) first.
+  std::vector<std::string> step_files() const;
+
+  /// The newest checkpoint that reads correctly: `last.pt`, or a step file with a higher step than it, or when
+  /// those are corrupt the next older step file, and so on. The files skipped are listed in the result so that
+  /// the caller can say it fell back. std::nullopt when there is no readable checkpoint at all (or no folder).
+  std::optional<FoundCheckpoint> load_newest(const c10::Device& map_location = c10::Device(c10::kCPU)) const;
+
+ private:
+  std::string path_;
+  CheckpointFolderOptions options_;
+};
+
+/// An Mlp read from a file, ready to predict, with the input normalisation training used.
+struct LoadedMlp {
+  /// The network, in eval mode, on the requested device.
+  Mlp net{nullptr};
+  /// Per-feature mean to subtract from inputs; undefined when the file has none.
+  at::Tensor input_mean;
+  /// Per-feature standard deviation to divide inputs by; undefined when the file has none.
+  at::Tensor input_std;
+
+  /// Logits for raw inputs `[N, in_features]`: normalised as in training, then the network.
+  at::Tensor predict(const at::Tensor& inputs) const;
+};
+
+/// How load_mlp() reads a model file.
+struct LoadMlpOptions {
+  /// Device the network and normalisation tensors are placed on.
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
+  /// Nonlinearity for files that do not record one (anything but a dkit training checkpoint).
+  TORCH_ARG(Activation, activation) = Activation::kReLU;
+  /// How the state dict is found and renamed in files that are not dkit training checkpoints.
+  TORCH_ARG(StateDictOptions, state_dict) = {};
+  /// Limits on what reading the file may cost.
+  TORCH_ARG(ReadLimits, limits) = {};
+};
+
+/// The network in a dkit training checkpoint, a file written by export_mlp(), or any PyTorch MLP state dict
+/// (plain or nested, see state_dict_from() and mlp_from_state_dict()). `input_mean` and `input_std` come from the
+/// checkpoint, or from entries of those names beside the weights.
+LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options = {});
+
+/// Writes the network as a plain dict of tensors that Python's `torch.load` reads, keys in `nn.Sequential` naming
+/// (`0.weight`, `0.bias`, `2.weight`, ...), plus `input_mean` and `input_std` when the model has them.
+void export_mlp(const std::string& path, const LoadedMlp& model);
+
+} // namespace dkit
