@@ -16,6 +16,9 @@ struct Args {
 /// `dkit devices [--json]`.
 int run_devices(Args args);
 
+/// `dkit train --config FILE [--set KEY=VALUE]... [--out DIR] | --resume DIR`.
+int run_train(Args args);
+
 /// `dkit inspect FILE [--json]`.
 int run_inspect(Args args);
 

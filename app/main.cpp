@@ -21,6 +21,7 @@ struct Verb {
 
 const Verb kVerbs[] = {
     {"devices", "report the devices this process can use, and why CUDA is not available", dkit::app::run_devices},
+    {"train", "train an MLP from a YAML config, or continue a run from its newest checkpoint", dkit::app::run_train},
     {"inspect", "list the tensors in a PyTorch or dkit checkpoint, with the device each was saved on",
      dkit::app::run_inspect},
     {"export", "write a model as a plain state dict that Python's torch.load reads", dkit::app::run_export},

@@ -3,6 +3,10 @@
 /// The whole dkit library: `#include <dkit/dkit.h>`.
 
 #include <dkit/config.h>
+#include <dkit/checkpoint/pickle.h>
+#include <dkit/checkpoint/state_dict.h>
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
@@ -11,7 +15,5 @@
 #include <dkit/metrics/host_sync.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
-#include <dkit/checkpoint/pickle.h>
-#include <dkit/checkpoint/state_dict.h>
-#include <dkit/checkpoint/torch_file.h>
-#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/train/config.h>
+#include <dkit/train/trainer.h>

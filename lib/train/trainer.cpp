@@ -205,6 +205,7 @@ struct Trainer::Impl {
   int64_t window_samples = 0;
   int64_t window_local_samples = 0;
   int64_t last_validated_step = -1;
+  int64_t saved_step = -1;
   TrainSummary summary;
   Stopwatch train_clock;
 
@@ -397,6 +398,7 @@ struct Trainer::Impl {
     checkpoint.config = to_yaml(config);
     checkpoint.data_checksum = checksum;
     summary.checkpoint = folder->save(checkpoint);
+    saved_step = step;
     log->info("checkpoint {}", summary.checkpoint);
   }
 
@@ -410,6 +412,7 @@ struct Trainer::Impl {
     step = checkpoint.step;
     epoch = checkpoint.epoch;
     epoch_step = checkpoint.epoch_step;
+    saved_step = step;
     log->info("resumed from {} at step {} (epoch {}, batch {})", source, step, epoch + 1, epoch_step);
   }
 
@@ -457,7 +460,6 @@ struct Trainer::Impl {
     MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
     Progress progress(options.progress() && options.console() && isatty(STDERR_FILENO) == 1, total_steps);
     const int64_t syncs_before = host_sync_count();
-    const int64_t start_step = step;
     const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
     bool finished = step >= total_steps;
     model->train();
@@ -500,7 +502,6 @@ struct Trainer::Impl {
           break;
         }
       }
-      flush_metrics(metrics, progress);
       train_clock.stop();
       if (summary.stopped_by_signal != 0) {
         break;
@@ -513,12 +514,13 @@ struct Trainer::Impl {
       train_clock.start();
     }
     train_clock.stop();
+    flush_metrics(metrics, progress);
     if (last_validated_step != step) {
       summary.val_accuracy = validate().second;
       last_validated_step = step;
     }
     progress.finish();
-    if (summary.checkpoint.empty() || step != start_step) {
+    if (saved_step != step) {
       save_checkpoint();
     }
     summary.steps = step;
