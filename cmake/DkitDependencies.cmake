@@ -11,7 +11,7 @@
 # Packages that only the app or the tests use keep plain find_package(). When dkit is a parent project's
 # subdirectory, the targets the package defines are made global, so that the parent can link dkit::dkit. dkit_install_dependencies() (called by
 # DkitInstall.cmake) turns the records into find_dependency() lines, keeping those whose targets are in dkit's
-# link interface, and stops the configure when that interface names a namespaced target no recorded package made.
+# link interface, and stops the configure when that interface names an imported target no recorded package made.
 macro(dkit_find_package _dkit_package)
   set(_dkit_args ${ARGN})
   list(REMOVE_ITEM _dkit_args REQUIRED)
@@ -81,15 +81,30 @@ function(dkit_install_dependencies out_var)
   endforeach()
 
   if(NOT CMAKE_VERSION VERSION_LESS 3.21)
+    # Every imported target of the build, whichever folder's find_package() made it: a name such as yaml-cpp's
+    # `yaml-cpp` is a target only if one of them has it.
+    set(_imported "")
+    set(_folders "${PROJECT_SOURCE_DIR}")
+    while(_folders)
+      list(POP_FRONT _folders _folder)
+      get_directory_property(_folder_imported DIRECTORY "${_folder}" IMPORTED_TARGETS)
+      get_directory_property(_subfolders DIRECTORY "${_folder}" SUBDIRECTORIES)
+      list(APPEND _imported ${_folder_imported})
+      list(APPEND _folders ${_subfolders})
+    endwhile()
+    set(_unrecorded "")
     foreach(_item IN LISTS _linked)
-      if(_item MATCHES "::" AND NOT _item MATCHES "^dkit::" AND NOT _item IN_LIST _covered)
+      if((_item MATCHES "::" OR _item IN_LIST _imported) AND NOT _item MATCHES "^dkit::"
+         AND NOT _item IN_LIST _covered)
         string(REGEX REPLACE "::.*" "" _guess "${_item}")
-        message(FATAL_ERROR "dkit links ${_item}, but no dkit_find_package() found it, so the installed "
-                            "dkitConfig.cmake would not find it for the projects that use dkit. In the lib/ "
-                            "folder that links it, replace find_package(${_guess} ...) with "
-                            "dkit_find_package(${_guess} ...) (cmake/DkitDependencies.cmake).")
+        string(APPEND _unrecorded "\n  ${_item}: replace find_package(${_guess} ...) with dkit_find_package(${_guess} ...)")
       endif()
     endforeach()
+    if(_unrecorded)
+      message(FATAL_ERROR "dkit links targets that no dkit_find_package() found, so the installed dkitConfig.cmake "
+                          "would not find them for the projects that use dkit. In the lib/ folder that links "
+                          "each one (see cmake/DkitDependencies.cmake):${_unrecorded}")
+    endif()
   endif()
   set(${out_var} "${_lines}" PARENT_SCOPE)
 endfunction()
