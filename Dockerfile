@@ -19,8 +19,8 @@ FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-ubuntu${UBUNTU_VERSION} AS build-cu
 # LibTorch comes from the official C++ zip rather than from pip's torch wheel. The zip is one folder (headers, CMake
 # package, libraries and the CUDA libraries they were built with) that needs no Python, so the runtime stage copies
 # that one folder; a wheel would bring Python, pip and some twenty nvidia-* wheels spread over site-packages into
-# both stages. Since 2.8 the Linux zips are built with the C++11 ABI only (older ones said "cxx11-abi" in their
-# name), the ABI of Ubuntu's spdlog and yaml-cpp. Keep its +cuXYZ in step with CUDA_VERSION.
+# both stages. It must have the C++11 ABI, the ABI of Ubuntu's spdlog and yaml-cpp (older releases offered it as
+# separate "cxx11-abi" zips); the step after the download checks. Keep its +cuXYZ in step with CUDA_VERSION.
 ARG LIBTORCH_URL=https://download.pytorch.org/libtorch/cu128/libtorch-shared-with-deps-2.8.0%2Bcu128.zip
 COPY scripts/setup.sh /tmp/dkit/setup.sh
 RUN apt-get update -q \
@@ -29,6 +29,9 @@ RUN apt-get update -q \
  && curl -fsSL --retry 3 -o /tmp/libtorch.zip "$LIBTORCH_URL" \
  && unzip -q /tmp/libtorch.zip -d /opt \
  && rm -rf /tmp/libtorch.zip /tmp/dkit /var/lib/apt/lists/*
+RUN if grep -q -e '_GLIBCXX_USE_CXX11_ABI=0' /opt/libtorch/share/cmake/Torch/TorchConfig.cmake; then \
+      echo "LIBTORCH_URL: $LIBTORCH_URL has the old C++ ABI; dkit needs a C++11-ABI LibTorch" >&2; exit 1; \
+    fi
 # CMake reads CMAKE_PREFIX_PATH from the environment too, so the README's cmake commands below find this LibTorch.
 ENV CMAKE_PREFIX_PATH=/opt/libtorch
 # Folders the runtime stage copies whole, rather than installing their owners' packages.
