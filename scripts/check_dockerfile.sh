@@ -25,6 +25,7 @@
 #    BUILD_DIR's cmake_install.cmake files (BUILD_DIR's own and those of the folders right under it).
 # 4. User. The final stage's last USER instruction names a user other than root and 0: the image does not run as
 #    root.
+# 5. Shell syntax. Every shell-form RUN instruction parses with `sh -n` (Docker runs them with /bin/sh -c).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -204,10 +205,22 @@ if [ -z "$user" ] || [ "$user" = root ] || [ "$user" = 0 ]; then
   fail "the image runs as root: the final stage's last USER must name another user (it is '${user:-missing}')"
 fi
 
+# ---- 5. RUN instructions parse
+runs=0
+while IFS= read -r instruction; do
+  [ "$(keyword "$instruction")" = RUN ] || continue
+  args=$(arguments "$instruction" | sed -E 's/^(--[a-z]+=[^ ]* )+//')
+  [[ $args == "["* ]] && continue
+  runs=$((runs + 1))
+  if ! problem=$(sh -n -c "$args" 2>&1); then
+    fail "RUN is not valid shell ($problem): '$instruction'"
+  fi
+done <<<"$instructions"
+
 if [ "$errors" -gt 0 ]; then
   echo "check_dockerfile: $errors problem(s) in $dockerfile" >&2
   exit 1
 fi
 echo "check_dockerfile: $dockerfile is fine: $copies COPY/ADD source(s) exist," \
   "$(wc -l <<<"$docker_commands") build command(s) match README.md, ENTRYPOINT runs the installed '$program'," \
-  "USER $user"
+  "USER $user, $runs RUN instruction(s) parse"
