@@ -4,7 +4,7 @@
 # Sets:
 #   DKIT_TORCH_VERSION  the LibTorch version found
 #   DKIT_WITH_CUDA      ON when the found LibTorch was built with CUDA
-find_package(Torch REQUIRED)
+dkit_find_package(Torch)
 
 set(DKIT_TORCH_VERSION "unknown")
 foreach(dir IN LISTS TORCH_INCLUDE_DIRS)

@@ -1,0 +1,68 @@
+# Installs a build tree into a fresh PREFIX and checks the layout: every public header of lib/ (and the generated
+# config.h) under include/dkit in lib/'s folder layout and nothing else there, the library, the package files
+# (which must not mention build-only targets), and the program.
+#
+#   cmake -DBUILD_DIR=... -DPREFIX=... -DCONFIG=... -DSOURCE_DIR=... -DLIBDIR=lib -DINCLUDEDIR=include
+#         -DCMAKEDIR=lib/cmake/dkit [-DPROGRAM=bin/dkit] -P install_and_check.cmake
+foreach(var BUILD_DIR PREFIX CONFIG SOURCE_DIR LIBDIR INCLUDEDIR CMAKEDIR)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "install_and_check: -D${var}=... is missing")
+  endif()
+endforeach()
+
+file(REMOVE_RECURSE "${PREFIX}")
+execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${PREFIX}" --config "${CONFIG}"
+                RESULT_VARIABLE result)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "install_and_check: cmake --install ${BUILD_DIR} failed (${result})")
+endif()
+
+set(problems "")
+set(include_root "${PREFIX}/${INCLUDEDIR}/dkit")
+file(GLOB_RECURSE headers RELATIVE "${SOURCE_DIR}/lib" "${SOURCE_DIR}/lib/*.h")
+list(REMOVE_ITEM headers pch.h)
+if(NOT headers)
+  list(APPEND problems "no headers found under ${SOURCE_DIR}/lib")
+endif()
+foreach(header IN LISTS headers ITEMS config.h)
+  if(NOT EXISTS "${include_root}/${header}")
+    list(APPEND problems "missing ${INCLUDEDIR}/dkit/${header}")
+  endif()
+endforeach()
+file(GLOB_RECURSE installed RELATIVE "${include_root}" "${include_root}/*")
+foreach(file IN LISTS installed)
+  if(NOT file MATCHES "\\.h$" OR file STREQUAL "pch.h")
+    list(APPEND problems "${INCLUDEDIR}/dkit/${file} should not be installed (only public headers are)")
+  endif()
+endforeach()
+
+file(GLOB libraries "${PREFIX}/${LIBDIR}/libdkit.*")
+if(NOT libraries)
+  list(APPEND problems "no ${LIBDIR}/libdkit.* installed")
+endif()
+foreach(file dkitConfig.cmake dkitConfigVersion.cmake dkitTargets.cmake)
+  if(NOT EXISTS "${PREFIX}/${CMAKEDIR}/${file}")
+    list(APPEND problems "missing ${CMAKEDIR}/${file}")
+  endif()
+endforeach()
+file(GLOB target_files "${PREFIX}/${CMAKEDIR}/dkitTargets*.cmake")
+foreach(file IN LISTS target_files)
+  file(READ "${file}" text)
+  foreach(word dkit_warnings "${BUILD_DIR}" "${SOURCE_DIR}")
+    string(FIND "${text}" "${word}" at)
+    if(at GREATER -1)
+      list(APPEND problems "${file} mentions ${word}, which projects using the install must not see")
+    endif()
+  endforeach()
+endforeach()
+if(PROGRAM AND NOT EXISTS "${PREFIX}/${PROGRAM}")
+  list(APPEND problems "missing ${PROGRAM}")
+endif()
+
+if(problems)
+  list(JOIN problems "\n  " text)
+  message(FATAL_ERROR "install_and_check: the install into ${PREFIX} is wrong:\n  ${text}")
+endif()
+list(LENGTH headers count)
+message(STATUS "install_and_check: ${PREFIX} has ${count} headers and config.h, the library, the package files "
+               "and ${PROGRAM}")
