@@ -1,0 +1,167 @@
+#include <dkit/train/trainer.h>
+
+#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/metrics/host_sync.h>
+
+#include "../support.h"
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+namespace dkit {
+namespace {
+
+using test::error_message;
+namespace fs = std::filesystem;
+
+class TrainerTest : public test::SeedingFixture {
+ protected:
+  ~TrainerTest() override {
+    clear_stop_request();
+  }
+
+  /// 200 synthetic samples, 160 of them for training: 10 batches of 16 per epoch.
+  static FullTrainConfig small(const std::vector<std::string>& overrides = {}) {
+    std::vector<std::string> all = {"device=cpu",           "threads=1",          "data.source=synthetic",
+                                    "data.samples=200",     "data.features=8",    "data.classes=3",
+                                    "model.hidden=[16]",    "train.epochs=3",     "train.batch_size=16",
+                                    "train.log_every=5",    "train.lr=0.01",      "train.checkpoint_every=0"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return FullTrainConfig(parse_config("", "test", ".", all));
+  }
+
+  static TrainSummary train(const FullTrainConfig& config, const std::string& dir,
+                            std::shared_ptr<const TrainingCheckpoint> resume = nullptr) {
+    return Trainer(config, TrainerOptions(dir).console(false).resume(std::move(resume)).resume_source("test"))
+        .run();
+  }
+
+  static StateDict final_weights(const std::string& dir) {
+    return load_training_checkpoint(dir + "/checkpoints/last.pt").model_state_dict;
+  }
+
+  static void expect_bitwise_equal(const StateDict& a, const StateDict& b) {
+    ASSERT_EQ(a.keys(), b.keys());
+    for (const auto& item : a) {
+      EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key();
+    }
+  }
+
+  test::TempDir tmp_;
+};
+
+TEST_F(TrainerTest, TrainsAndWritesEveryOutput) {
+  const TrainSummary summary = train(small(), tmp_.file("run"));
+  EXPECT_EQ(summary.device, "cpu");
+  EXPECT_EQ(summary.steps, 30);
+  EXPECT_EQ(summary.samples, 30 * 16);
+  EXPECT_GT(summary.train_seconds, 0.0);
+  EXPECT_GT(summary.val_accuracy, 0.8);
+  EXPECT_GT(summary.peak_memory_bytes, 0);
+  EXPECT_EQ(summary.stopped_by_signal, 0);
+  EXPECT_EQ(summary.checkpoint, tmp_.file("run") + "/checkpoints/step-000030.pt");
+  for (const char* name : {"train.log", "metrics.csv", "summary.json", "config.yaml", "checkpoints/last.pt"}) {
+    EXPECT_TRUE(fs::exists(tmp_.path() / "run" / name)) << name;
+  }
+  std::ifstream csv(tmp_.file("run/metrics.csv"));
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,epoch,loss,accuracy,lr,samples_per_second,val_loss,val_accuracy");
+  int rows = 0;
+  for (std::string line; std::getline(csv, line);) {
+    ++rows;
+  }
+  EXPECT_EQ(rows, 6 + 3) << "a row per log flush (30 steps / 5) and per epoch";
+  std::ifstream json(tmp_.file("run/summary.json"));
+  const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  for (const char* key : {"\"device\"", "\"steps\"", "\"samples\"", "\"train_seconds\"", "\"samples_per_second\"",
+                          "\"final_loss\"", "\"val_accuracy\"", "\"peak_memory_bytes\""}) {
+    EXPECT_NE(text.find(key), std::string::npos) << key;
+  }
+}
+
+TEST_F(TrainerTest, HotLoopReadsTheDeviceOnlyAtLogFlushesAndValidation) {
+  const int64_t before = host_sync_count();
+  const TrainSummary summary = train(small(), tmp_.file("run"));
+  EXPECT_EQ(summary.host_syncs, 6 + 3) << "30 steps flushed every 5, and one validation per epoch";
+  EXPECT_EQ(host_sync_count() - before, summary.host_syncs);
+}
+
+TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
+  const std::vector<std::string> keys = {"model.dropout=0.3", "train.checkpoint_every=7"};
+  train(small(keys), tmp_.file("whole"));
+
+  auto first = keys;
+  first.push_back("train.max_steps=17");
+  const TrainSummary part = train(small(first), tmp_.file("split"));
+  ASSERT_EQ(part.steps, 17);
+  const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->checkpoint.step, 17);
+  EXPECT_EQ(found->checkpoint.epoch, 1);
+  EXPECT_EQ(found->checkpoint.epoch_step, 7);
+  const TrainSummary rest =
+      train(small(keys), tmp_.file("split"), std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+  EXPECT_EQ(rest.steps, 30);
+  expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
+}
+
+TEST_F(TrainerTest, DivergingLossStopsWithAClearError) {
+  const std::string message = error_message([&] {
+    train(small({"train.optimizer=sgd", "train.lr=1e30", "train.momentum=0"}), tmp_.file("run"));
+  });
+  EXPECT_EQ(message.rfind("training diverged: the loss is ", 0), 0u) << message;
+  EXPECT_NE(message.find("no checkpoint was written after it, the last good one is in '" + tmp_.file("run") +
+                         "/checkpoints'; lower train.lr"),
+            std::string::npos)
+      << message;
+  EXPECT_FALSE(fs::exists(tmp_.file("run/checkpoints/last.pt")));
+}
+
+TEST_F(TrainerTest, StopRequestFinishesTheStepAndWritesACheckpoint) {
+  request_stop(SIGTERM);
+  const TrainSummary summary = train(small(), tmp_.file("run"));
+  EXPECT_EQ(summary.stopped_by_signal, SIGTERM);
+  EXPECT_EQ(summary.steps, 1);
+  EXPECT_EQ(load_training_checkpoint(tmp_.file("run/checkpoints/last.pt")).step, 1);
+}
+
+TEST_F(TrainerTest, ResumeOnChangedDataIsRefused) {
+  const std::string csv = tmp_.file("data.csv");
+  const auto write_data = [&](int offset) {
+    std::ofstream out(csv);
+    for (int i = 0; i < 40; ++i) {
+      out << (i % 2) + offset << "," << i % 7 << "," << i % 2 << "\n";
+    }
+  };
+  write_data(0);
+  const FullTrainConfig config(parse_config("", "test", ".",
+                                            {"device=cpu", "data.path=" + csv, "train.epochs=1",
+                                             "model.hidden=[4]", "train.batch_size=8"}));
+  train(config, tmp_.file("run"));
+  write_data(1);
+  const auto found = CheckpointFolder(tmp_.file("run")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  const std::string message = error_message([&] {
+    train(config, tmp_.file("run"), std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+  });
+  EXPECT_EQ(message.rfind("cannot resume from test: the training data changed since it was written (checksum fnv1a64:", 0),
+            0u)
+      << message;
+}
+
+TEST_F(TrainerTest, RunFolderWhoseParentIsMissingIsAnError) {
+  EXPECT_EQ(error_message([&] { train(small(), tmp_.file("missing/run")); }),
+            "cannot create the run folder '" + tmp_.file("missing/run") + "': its parent '" + tmp_.file("missing") +
+                "' does not exist");
+}
+
+TEST_F(TrainerTest, AbsentDeviceIsAnErrorBeforeTraining) {
+  const std::string message = error_message([&] { train(small({"device=cuda:7"}), tmp_.file("run")); });
+  EXPECT_EQ(message.rfind("device 'cuda:7' is not available: ", 0), 0u) << message;
+  EXPECT_FALSE(fs::exists(tmp_.file("run/checkpoints/last.pt")));
+}
+
+} // namespace
+} // namespace dkit
