@@ -159,9 +159,9 @@ struct ReadLimits {
   /// Deepest nesting of containers (a dict in a dict counts 2).
   TORCH_ARG(int64_t, max_depth) = 100;
   /// Most pickle memo entries.
-  TORCH_ARG(int64_t, max_memo) = 10'000'000;
+  TORCH_ARG(int64_t, max_memo) = 1'000'000;
   /// Most values in the unpickled tree, shared ones counted each time they appear.
-  TORCH_ARG(int64_t, max_values) = 10'000'000;
+  TORCH_ARG(int64_t, max_values) = 1'000'000;
 };
 
 /// Gives the unpickler the storage of a persistent id `('storage', torch.FloatStorage, key, location, numel)`:

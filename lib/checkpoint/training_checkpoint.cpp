@@ -536,6 +536,12 @@ std::string CheckpointFolder::save(const TrainingCheckpoint& checkpoint) {
   std::error_code error;
   fs::create_directories(path_, error);
   DKIT_CHECK(!error, "cannot create the checkpoint folder ", path_, ": ", error.message());
+  for (fs::directory_iterator it(path_, error), end; !error && it != end; it.increment(error)) {
+    if (it->path().filename().string().find(".pt.tmp") != std::string::npos) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
   char name[40];
   std::snprintf(name, sizeof(name), "step-%06lld.pt", static_cast<long long>(checkpoint.step));
   const std::string step_path = (fs::path(path_) / name).string();

@@ -131,8 +131,9 @@ class CheckpointFolder {
     return path_;
   }
 
-  /// Writes `checkpoint` as the step file for `checkpoint.step`, then makes `last.pt` the same file, then deletes
-  /// step files beyond the retention count. Returns the step file's path.
+  /// Writes `checkpoint` as the step file for `checkpoint.step`, then makes `last.pt` the same file (a hard link,
+  /// or a second write where links are not supported), then deletes step files beyond the retention count.
+  /// Temporary files left by a process killed while saving are removed first. Returns the step file's path.
   std::string save(const TrainingCheckpoint& checkpoint);
 
   /// The step-numbered files present, newest (highest step) first.
