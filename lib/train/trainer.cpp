@@ -183,10 +183,13 @@ struct Trainer::Impl {
 
   fs::path out_dir;
   std::shared_ptr<spdlog::logger> log;
+  std::shared_ptr<spdlog::logger> file_log;
+  spdlog::sink_ptr console_sink;
   std::shared_ptr<spdlog::logger> previous_default;
   Device device = cpu();
   Normalization normalization;
   std::string checksum;
+  std::string data_description;
   std::optional<Loader> loader;
   at::Tensor val_features;
   at::Tensor val_labels;
@@ -231,15 +234,15 @@ struct Trainer::Impl {
   void setup_logging() {
     auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((out_dir / "train.log").string());
     std::vector<spdlog::sink_ptr> sinks{file_sink};
-    const bool tty = options.progress() && isatty(STDERR_FILENO) == 1;
     if (options.console()) {
-      auto console = std::make_shared<spdlog::sinks::stderr_sink_mt>();
-      console->set_level(tty ? spdlog::level::warn : spdlog::level::info);
-      console->set_pattern("%v");
-      sinks.push_back(console);
+      console_sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+      console_sink->set_level(spdlog::level::warn);
+      console_sink->set_pattern("%v");
+      sinks.push_back(console_sink);
     }
     file_sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     log = std::make_shared<spdlog::logger>("dkit.train", sinks.begin(), sinks.end());
+    file_log = std::make_shared<spdlog::logger>("dkit.train.file", file_sink);
     log->set_level(spdlog::level::info);
     log->flush_on(spdlog::level::info);
     previous_default = spdlog::default_logger();
@@ -256,6 +259,7 @@ struct Trainer::Impl {
   void setup_data() {
     const Dataset all = load_data(config);
     checksum = data_checksum(all);
+    data_description = all.description;
     log->info("data: {} ({})", all.description, checksum);
     DatasetSplit parts = split(all, config.val_fraction, static_cast<uint64_t>(config.seed));
     normalization = fit_normalization(parts.train.features, parse_scaling(config.scaling));
@@ -423,10 +427,10 @@ struct Trainer::Impl {
       TrainSummary result = train();
       restore_logging();
       return result;
-    } catch (...) {
-      if (log) {
-        log->flush();
-      }
+    } catch (const std::exception& e) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      file_log->error("{}", c10_error != nullptr ? c10_error->what_without_backtrace() : e.what());
+      file_log->flush();
       restore_logging();
       throw;
     }
@@ -451,6 +455,13 @@ struct Trainer::Impl {
       restore(*options.resume(), options.resume_source());
     }
     open_metrics_csv(resuming);
+    if (console_sink && !(options.progress() && isatty(STDERR_FILENO) == 1)) {
+      console_sink->set_level(spdlog::level::info);
+    }
+    const std::string start = fmt::format("training {} on {} ({} CPU threads): {}; {} batches of {} per epoch; run folder {}",
+                                          model_description(), device.str(), at::get_num_threads(), data_description,
+                                          loader->batches_per_epoch(), config.batch_size, out_dir.string());
+    log->info("{}", start);
     total_steps = config.epochs * loader->batches_per_epoch();
     if (config.max_steps > 0) {
       total_steps = std::min(total_steps, config.max_steps);
@@ -459,6 +470,7 @@ struct Trainer::Impl {
 
     MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
     Progress progress(options.progress() && options.console() && isatty(STDERR_FILENO) == 1, total_steps);
+    progress.line(start);
     const int64_t syncs_before = host_sync_count();
     const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
     bool finished = step >= total_steps;

@@ -1,4 +1,4 @@
-# Runs the dkit command and checks what it did. Used by the cli.* tests of tests/checkpoint/CMakeLists.txt:
+# Runs the dkit command and checks what it did: the dkit_cli_test() of tests/CMakeLists.txt.
 #   cmake -DDKIT=path/to/dkit -DARGS="inspect|file.pt" [-DEXPECT_RC=1] [-DSTDOUT_REGEX=...] [-DSTDERR_REGEX=...]
 #         [-DOUTPUT_FILE=path -DOUTPUT_FILE_REGEX=...] -P cli_check.cmake
 # ARGS separates the arguments with '|'. With STDERR_REGEX, stderr must also be exactly one line.
