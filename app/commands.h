@@ -16,4 +16,7 @@ struct Args {
 /// `dkit devices [--json]`.
 int run_devices(Args args);
 
+/// `dkit bench SUITE [--device D] [--json FILE] [--csv FILE] [--repeat N] [--sizes N,...] [--quick]`.
+int run_bench(Args args);
+
 } // namespace dkit::app

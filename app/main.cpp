@@ -21,6 +21,7 @@ struct Verb {
 
 const Verb kVerbs[] = {
     {"devices", "report the devices this process can use, and why CUDA is not available", dkit::app::run_devices},
+    {"bench", "measure matmuls, logging, transfers and GPUs: median/min/max after warm-up", dkit::app::run_bench},
 };
 
 void print_usage(std::ostream& out) {

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev                        # GoogleTest, for the test suite
   libopenblas0-openmp                 # OpenBLAS (OpenMP flavour, like LibTorch's threads) instead of the reference BLAS
   python3-torch                       # real PyTorch: the interop tests and the Python side of the benchmarks
+  gnuplot-nox                         # bench/plot: CSV from dkit bench to PNG charts
 )
 
 missing=()
