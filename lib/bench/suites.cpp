@@ -360,6 +360,14 @@ SuiteResult bench_matmul(const SuiteOptions& options) {
                              std::to_string(c.n));
     }
   }
+  if (!cpu_median.empty()) {
+    const BlasInfo blas = blas_info();
+    result.summary.emplace_back("blas", blas.name + " (" + blas.threading + ")");
+    result.summary.emplace_back("blas_threads", static_cast<int64_t>(blas.threads));
+    result.notes.push_back("cpu: LibTorch uses " + std::to_string(at::get_num_threads()) + " intra-op thread(s); " +
+                           blas.name + " (" + blas.threading + ") uses " + std::to_string(blas.threads) +
+                           " thread(s)");
+  }
   bool any_gpu = false;
   for (const auto& device : devices) {
     if (!device.is_cuda()) {
@@ -406,38 +414,45 @@ SuiteResult bench_logging(const SuiteOptions& options) {
       };
       const int64_t warmup_steps = std::min<int64_t>(steps, 50);
       at::Tensor reference;
-      double item_median = 0.0;
       for (const auto& [variant, run] : variants) {
-        say(options, "logging: " + device.str() + " n=" + std::to_string(n) + " " + variant);
         const LoggingRun warm = run(warmup_steps);
         if (!reference.defined()) {
           reference = warm.norms;
         }
         TORCH_INTERNAL_ASSERT(torch::allclose(warm.norms, reference), "logging variant ", variant,
                               " logged different norms from the .item() variant");
-        int64_t host_reads = 0;
-        const Measurement measurement =
-            measure(device, MeasureOptions().warmup(0).repeat(repeat).iterations(1),
-                    [&, &run = run] { host_reads = run(steps).host_reads; });
-        Stats per_step = measurement.seconds;
-        per_step.median /= static_cast<double>(steps);
-        per_step.min /= static_cast<double>(steps);
-        per_step.max /= static_cast<double>(steps);
-        per_step.mean /= static_cast<double>(steps);
-        if (item_median == 0.0) {
+      }
+      std::vector<std::vector<double>> samples(variants.size());
+      std::vector<int64_t> host_reads(variants.size(), 0);
+      DeviceTimer timer(device);
+      for (int64_t r = 0; r < repeat; ++r) {
+        say(options, "logging: " + device.str() + " n=" + std::to_string(n) + " run " + std::to_string(r + 1) + "/" +
+                         std::to_string(repeat) + " of each variant");
+        for (size_t v = 0; v < variants.size(); ++v) {
+          timer.start();
+          host_reads[v] = variants[v].second(steps).host_reads;
+          samples[v].push_back(timer.stop() / static_cast<double>(steps));
+        }
+      }
+      double item_median = 0.0;
+      for (size_t v = 0; v < variants.size(); ++v) {
+        const std::string& variant = variants[v].first;
+        const Stats per_step = summarize(samples[v]);
+        if (v == 0) {
           item_median = per_step.median;
         }
         const double speedup = item_median / per_step.median;
-        table.add_row({device.str(), n, variant, steps, host_reads, measurement.seconds.count, per_step.median * 1e6,
+        table.add_row({device.str(), n, variant, steps, host_reads[v], per_step.count, per_step.median * 1e6,
                        per_step.min * 1e6, per_step.max * 1e6, speedup});
-        const std::string key = device.str() + " n=" + std::to_string(n) + " " + variant;
+        const std::string key = device.str() + ".n=" + std::to_string(n) + "." + variant;
         result.summary.emplace_back("us_per_step." + key, per_step.median * 1e6);
-        if (variant != variants.front().first) {
-          result.summary.emplace_back("speedup_vs_item." + key, speedup);
-          result.notes.push_back(device.str() + " n=" + std::to_string(n) + ": " + variant + " takes " +
-                                 fixed(per_step.median * 1e6, 1) + " us/step, " + fixed(speedup, 2) +
-                                 "x the speed of a:item_every_step (" + fixed(item_median * 1e6, 1) + " us/step)");
+        if (v == 0) {
+          continue;
         }
+        result.summary.emplace_back("speedup_vs_item." + key, speedup);
+        result.notes.push_back(device.str() + " n=" + std::to_string(n) + ": " + variant + " takes " +
+                               fixed(per_step.median * 1e6, 1) + " us/step, " + fixed(speedup, 2) +
+                               "x the speed of a:item_every_step (" + fixed(item_median * 1e6, 1) + " us/step)");
       }
     }
   }
@@ -446,7 +461,8 @@ SuiteResult bench_logging(const SuiteOptions& options) {
                        "a preallocated device tensor read back once, (c) through a metric buffer of " +
                        std::to_string(capacity) +
                        " rows flushed when full (a stand-in with dkit::MetricBuffer's API until lib/metrics "
-                       "lands); time per step = median run time / steps";
+                       "lands); after a warm-up, the variants take turns run by run so that a change in the "
+                       "machine's load hits them alike; time per step = run time / steps, median/min/max of the runs";
   result.table = std::move(table);
   return result;
 }
