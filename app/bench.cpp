@@ -61,8 +61,8 @@ int run_bench(Args args) {
     }
     suite_options.devices(devices);
   }
-  DKIT_CHECK(result["repeat"].as<int64_t>() >= 0, "--repeat must be 1 or more, got ", result["repeat"].as<int64_t>());
-  DKIT_CHECK(result["steps"].as<int64_t>() >= 0, "--steps must be 1 or more, got ", result["steps"].as<int64_t>());
+  DKIT_CHECK(result["repeat"].as<int64_t>() >= 0, "--repeat must be 1 or more (or 0 for the suite's default), got ", result["repeat"].as<int64_t>());
+  DKIT_CHECK(result["steps"].as<int64_t>() >= 0, "--steps must be 1 or more (or 0 for the suite's default), got ", result["steps"].as<int64_t>());
   suite_options.repeat(result["repeat"].as<int64_t>()).steps(result["steps"].as<int64_t>());
   if (result.count("sizes") != 0) {
     suite_options.sizes(result["sizes"].as<std::vector<int64_t>>());

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -104,7 +104,7 @@ class MetricBufferAdapter {
   }
 
   at::Tensor flush() {
-    at::Tensor host = values_.narrow(0, 0, size_).to(torch::kCPU);
+    at::Tensor host = values_.narrow(0, 0, size_).to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     size_ = 0;
     return host;
   }

@@ -34,6 +34,7 @@ class DeviceTimer {
  public:
   /// A timer for `device`; a GPU must be available.
   explicit DeviceTimer(const Device& device);
+  /// Releases the CUDA events, if any.
   ~DeviceTimer();
   DeviceTimer(const DeviceTimer&) = delete;
   DeviceTimer& operator=(const DeviceTimer&) = delete;
