@@ -31,17 +31,23 @@ int run_bench(Args args) {
                                          "warm-up first, then repeats timed with a monotonic clock (CPU) or "
                                          "CUDA events (GPU), reported as median, min and max.");
   options.positional_help("SUITE").custom_help("[OPTIONS]");
-  options.add_options()("suite", "the suite to run", cxxopts::value<std::string>())(
-      "device", "devices to measure, comma-separated (cpu, cuda, cuda:N); default: the CPU and every GPU",
-      cxxopts::value<std::vector<std::string>>())("repeat", "timed samples per case (default: the suite's)",
-                                                  cxxopts::value<int64_t>()->default_value("0"))(
-      "sizes", "problem sizes, comma-separated: matrix sides (matmul, logging, multi-gpu) or bytes (transfer)",
-      cxxopts::value<std::vector<int64_t>>())("steps", "steps per timed run (logging; default 1000)",
-                                              cxxopts::value<int64_t>()->default_value("0"))(
-      "quick", "smaller default sizes and fewer steps: seconds instead of minutes")(
-      "json", "also write every result to FILE as JSON", cxxopts::value<std::string>(), "FILE")(
-      "csv", "also write the table to FILE as CSV (for bench/plot)", cxxopts::value<std::string>(), "FILE")(
-      "quiet", "no progress lines on stderr")("h,help", "show this help");
+  options.add_options()("suite", "the suite to run", cxxopts::value<std::string>());
+  options.add_options()("device", "devices to measure, comma-separated (cpu, cuda, cuda:N); default: the CPU and "
+                                  "every GPU",
+                        cxxopts::value<std::vector<std::string>>(), "D");
+  options.add_options()("repeat", "timed samples per case; 0: the suite's default",
+                        cxxopts::value<int64_t>()->default_value("0"), "N");
+  options.add_options()("sizes", "problem sizes, comma-separated: matrix sides (matmul, logging, multi-gpu) or bytes "
+                                 "(transfer)",
+                        cxxopts::value<std::vector<int64_t>>(), "N,...");
+  options.add_options()("steps", "steps per timed run (logging); 0: the suite's default (1000)",
+                        cxxopts::value<int64_t>()->default_value("0"), "N");
+  options.add_options()("quick", "smaller default sizes and fewer steps: seconds instead of minutes");
+  options.add_options()("json", "also write every result to FILE as JSON", cxxopts::value<std::string>(), "FILE");
+  options.add_options()("csv", "also write the table to FILE as CSV (for bench/plot)", cxxopts::value<std::string>(),
+                        "FILE");
+  options.add_options()("quiet", "no progress lines on stderr");
+  options.add_options()("h,help", "show this help");
   options.parse_positional({"suite"});
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
@@ -61,9 +67,11 @@ int run_bench(Args args) {
     }
     suite_options.devices(devices);
   }
-  DKIT_CHECK(result["repeat"].as<int64_t>() >= 0, "--repeat must be 1 or more (or 0 for the suite's default), got ", result["repeat"].as<int64_t>());
-  DKIT_CHECK(result["steps"].as<int64_t>() >= 0, "--steps must be 1 or more (or 0 for the suite's default), got ", result["steps"].as<int64_t>());
-  suite_options.repeat(result["repeat"].as<int64_t>()).steps(result["steps"].as<int64_t>());
+  const auto repeat = result["repeat"].as<int64_t>();
+  const auto steps = result["steps"].as<int64_t>();
+  DKIT_CHECK(repeat >= 0, "--repeat must be 1 or more (0 for the suite's default), got ", repeat);
+  DKIT_CHECK(steps >= 0, "--steps must be 1 or more (0 for the suite's default), got ", steps);
+  suite_options.repeat(repeat).steps(steps);
   if (result.count("sizes") != 0) {
     suite_options.sizes(result["sizes"].as<std::vector<int64_t>>());
   }

@@ -49,6 +49,9 @@ struct Suite {
 };
 
 /// The registered suites, in the order `all` runs them: the built-in ones, then those added by register_suite().
+/// A new built-in suite (such as `train`) is a `SuiteResult bench_NAME(const SuiteOptions&)` declared here and one
+/// entry in the list in suites.cpp's registry(), with an `unsupported` function when some machines cannot run it;
+/// `dkit bench NAME`, `dkit bench all`, `--help` and the outputs then pick it up.
 const std::vector<Suite>& suites();
 
 /// Adds a suite; its name must be new and not `all`.
