@@ -28,4 +28,7 @@ int run_export(Args args);
 /// `dkit predict --checkpoint FILE --input ROWS.csv [--output OUT.csv] [--device D]`.
 int run_predict(Args args);
 
+/// `dkit bench SUITE [--device D] [--json FILE] [--csv FILE] [--repeat N] [--sizes N,...] [--quick]`.
+int run_bench(Args args);
+
 } // namespace dkit::app

@@ -26,6 +26,7 @@ const Verb kVerbs[] = {
      dkit::app::run_inspect},
     {"export", "write a model as a plain state dict that Python's torch.load reads", dkit::app::run_export},
     {"predict", "print a model's logits for each row of a CSV file", dkit::app::run_predict},
+    {"bench", "measure matmuls, logging, transfers and GPUs: median/min/max after warm-up", dkit::app::run_bench},
 };
 
 void print_usage(std::ostream& out) {

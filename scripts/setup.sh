@@ -17,6 +17,7 @@ torch_packages=(
   libgloo-dev                         # c10d's Gloo backend for multi-process training
   libopenblas0-openmp                 # OpenBLAS (OpenMP flavour, like LibTorch's threads) instead of the reference BLAS
   python3-torch                       # real PyTorch: the interop tests and the Python side of the benchmarks
+  gnuplot-nox                         # bench/plot: CSV from dkit bench to PNG charts
 )
 case "${1:-}" in
   "") packages+=("${torch_packages[@]}") ;;

@@ -1,0 +1,199 @@
+#include <dkit/bench/suites.h>
+
+#include "../support.h"
+
+#include <dkit/config.h>
+#include <dkit/device/report.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace dkit::bench {
+namespace {
+
+using ::dkit::test::error_message;
+
+class SuitesTest : public test::SeedingFixture {};
+
+std::string text_of(const Cell& cell) {
+  return std::get<std::string>(cell);
+}
+
+int64_t integer_of(const Cell& cell) {
+  return std::get<int64_t>(cell);
+}
+
+TEST_F(SuitesTest, MatmulRunsTinySizesOnTheCpu) {
+  std::string progress;
+  const SuiteResult result = bench_matmul(SuiteOptions().devices({cpu()}).sizes({8, 16}).repeat(2).progress(
+      [&](const std::string& line) { progress += line + "\n"; }));
+  ASSERT_TRUE(result.ran());
+  EXPECT_EQ(result.suite, "matmul");
+  const ResultTable& table = result.table;
+  ASSERT_EQ(table.rows().size(), 2u);
+  EXPECT_EQ(text_of(table.at(0, "device")), "cpu");
+  EXPECT_EQ(text_of(table.at(0, "dtype")), "float32");
+  EXPECT_EQ(integer_of(table.at(0, "n")), 8);
+  EXPECT_EQ(integer_of(table.at(1, "n")), 16);
+  EXPECT_EQ(integer_of(table.at(1, "repeat")), 2);
+  EXPECT_TRUE(std::holds_alternative<double>(table.at(1, "gflops")));
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(table.at(1, "vs_cpu")));
+  const double best_fraction =
+      std::max(std::get<double>(table.at(0, "of_best")), std::get<double>(table.at(1, "of_best")));
+  EXPECT_EQ(best_fraction, 1.0);
+  EXPECT_EQ(progress, "matmul: cpu float32 n=8\nmatmul: cpu float32 n=16\n");
+  EXPECT_EQ(result.notes.back(), "no GPU in this run, so no size at which a GPU overtakes the CPU");
+  EXPECT_EQ(result.summary.front().first, "cpu_threads");
+}
+
+TEST_F(SuitesTest, MatmulRejectsNonPositiveSizes) {
+  EXPECT_EQ(error_message([] { bench_matmul(SuiteOptions().devices({cpu()}).sizes({8, 0})); }),
+            "sizes must be positive, got 0");
+}
+
+TEST_F(SuitesTest, LoggingRunsTheThreeVariantsAtTinySizes) {
+  const SuiteResult result = bench_logging(SuiteOptions().devices({cpu()}).sizes({4}).steps(20).repeat(2));
+  ASSERT_TRUE(result.ran());
+  const ResultTable& table = result.table;
+  ASSERT_EQ(table.rows().size(), 3u);
+  EXPECT_EQ(text_of(table.at(0, "variant")), "a:item_every_step");
+  EXPECT_EQ(text_of(table.at(1, "variant")), "b:device_tensor");
+  EXPECT_EQ(text_of(table.at(2, "variant")), "c:metric_buffer");
+  EXPECT_EQ(integer_of(table.at(0, "host_reads")), 20);
+  EXPECT_EQ(integer_of(table.at(1, "host_reads")), 1);
+  EXPECT_EQ(integer_of(table.at(2, "host_reads")), 1);
+  EXPECT_EQ(integer_of(table.at(2, "steps")), 20);
+  EXPECT_EQ(integer_of(table.at(2, "repeat")), 2);
+  EXPECT_EQ(std::get<double>(table.at(0, "speedup_vs_item")), 1.0);
+  EXPECT_EQ(result.notes.size(), 2u);
+}
+
+TEST_F(SuitesTest, LoggingFlushesTheMetricBufferInBatches) {
+  const SuiteResult result = bench_logging(SuiteOptions().devices({cpu()}).sizes({4}).steps(250).repeat(1));
+  EXPECT_EQ(integer_of(result.table.at(2, "host_reads")), 3);
+}
+
+TEST_F(SuitesTest, TransferReportsWhyItNeedsAGpu) {
+  if (num_gpus() > 0) {
+    GTEST_SKIP() << "a GPU is visible";
+  }
+  const SuiteResult result = bench_transfer(SuiteOptions());
+  EXPECT_FALSE(result.ran());
+  EXPECT_EQ(result.status, "skipped");
+  EXPECT_EQ(result.reason, "needs a CUDA GPU: " + cuda_unavailable_reason());
+  EXPECT_EQ(text_of(result.table.at(0, "reason")), result.reason);
+}
+
+TEST_F(SuitesTest, TransferWithOnlyTheCpuSelectedIsSkipped) {
+  const std::string why = transfer_unsupported(SuiteOptions().devices({cpu()}));
+  EXPECT_EQ(why, num_gpus() == 0 ? "needs a CUDA GPU: " + cuda_unavailable_reason()
+                                 : "needs a CUDA GPU, and --device selected none");
+}
+
+TEST_F(SuitesTest, MultiGpuSaysItNeedsTwoGpus) {
+  const SuiteResult result = bench_multi_gpu(SuiteOptions().devices({cpu()}));
+  EXPECT_FALSE(result.ran());
+  if (num_gpus() == 0) {
+    EXPECT_EQ(result.reason, "needs 2 GPUs, found 0: " + cuda_unavailable_reason());
+  } else {
+    EXPECT_EQ(result.reason, "needs 2 GPUs, found 0 among the devices selected");
+  }
+  EXPECT_EQ(format_result(result), "multi-gpu: skipped: " + result.reason + "\n");
+}
+
+TEST_F(SuitesTest, AllRunsEverySupportedSuiteAndListsTheOthers) {
+  std::string progress;
+  const std::vector<SuiteResult> results =
+      run_suites("all", SuiteOptions().devices({cpu()}).sizes({4}).steps(5).repeat(1).progress(
+                            [&](const std::string& line) { progress += line + "\n"; }));
+  ASSERT_GE(results.size(), 4u);
+  EXPECT_EQ(results[0].suite, "matmul");
+  EXPECT_EQ(results[1].suite, "logging");
+  EXPECT_EQ(results[2].suite, "transfer");
+  EXPECT_EQ(results[3].suite, "multi-gpu");
+  EXPECT_TRUE(results[0].ran());
+  EXPECT_TRUE(results[1].ran());
+  EXPECT_FALSE(results[2].ran());
+  EXPECT_FALSE(results[3].ran());
+  EXPECT_NE(progress.find("multi-gpu: skipped: needs 2 GPUs, found 0"), std::string::npos);
+}
+
+TEST_F(SuitesTest, FindsSuitesByName) {
+  EXPECT_EQ(find_suite("logging").name, "logging");
+  EXPECT_EQ(try_find_suite("nope"), nullptr);
+  EXPECT_EQ(error_message([] { find_suite("nope"); }),
+            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, all");
+}
+
+TEST_F(SuitesTest, RegisteredSuiteRunsByNameAndComesLast) {
+  if (try_find_suite("test-echo") == nullptr) {
+    register_suite({"test-echo", "a suite for this test", nullptr, [](const SuiteOptions& options) {
+                      ResultTable table("test-echo", {{"steps", ColumnKind::kInteger}});
+                      table.add_row({options.steps()});
+                      return SuiteResult("test-echo", "echoes its options", std::move(table));
+                    }});
+  }
+  const std::vector<SuiteResult> results = run_suites("test-echo", SuiteOptions().steps(7));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(integer_of(results[0].table.at(0, "steps")), 7);
+  EXPECT_EQ(suites().back().name, "test-echo");
+  EXPECT_EQ(error_message([] { register_suite({"matmul", "", nullptr, bench_matmul}); }),
+            "a benchmark suite called 'matmul' is already registered");
+  EXPECT_EQ(error_message([] { register_suite({"all", "", nullptr, bench_matmul}); }),
+            "a benchmark suite cannot be called 'all'");
+  EXPECT_EQ(error_message([] { register_suite({"empty", "", nullptr, nullptr}); }),
+            "benchmark suite 'empty' has nothing to run");
+}
+
+TEST_F(SuitesTest, CsvOutputsOneFilePerSuiteWhenThereAreSeveral) {
+  const std::vector<SuiteResult> one = {SuiteResult::skipped("transfer", "no GPU")};
+  const auto single = csv_outputs("out/results.csv", one);
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_EQ(single[0].first, "out/results.csv");
+  EXPECT_EQ(single[0].second, "suite,status,reason\ntransfer,skipped,no GPU\n");
+  const std::vector<SuiteResult> two = {SuiteResult::skipped("transfer", "no GPU"),
+                                        SuiteResult::skipped("multi-gpu", "no GPUs")};
+  const auto several = csv_outputs("out/results.csv", two);
+  ASSERT_EQ(several.size(), 2u);
+  EXPECT_EQ(several[0].first, "out/results-transfer.csv");
+  EXPECT_EQ(several[1].first, "out/results-multi-gpu.csv");
+  EXPECT_EQ(csv_outputs("results", two)[0].first, "results-transfer.csv");
+}
+
+TEST_F(SuitesTest, JsonDocumentCarriesVersionsMachineAndSuites) {
+  const std::string json = results_to_json({SuiteResult::skipped("multi-gpu", "needs 2 GPUs, found 0")});
+  EXPECT_EQ(json.rfind(std::string(R"({"dkit_version":")") + DKIT_VERSION + R"(","torch_version":")", 0), 0u);
+  EXPECT_NE(json.find(R"("machine":{"cpu_threads":)"), std::string::npos);
+  EXPECT_NE(json.find(R"("suites":[{"suite":"multi-gpu","status":"skipped","reason":"needs 2 GPUs, found 0")"),
+            std::string::npos);
+  EXPECT_EQ(json.back(), '\n');
+}
+
+TEST_F(SuitesTest, WritesTextFilesAndNamesTheOneItCannotWrite) {
+  test::TempDir dir;
+  write_text_file(dir.file("a.csv"), "x\n1\n");
+  std::ifstream in(dir.file("a.csv"));
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "x\n1\n");
+  const std::string missing = dir.file("no/such/dir/a.csv");
+  EXPECT_EQ(error_message([&] { write_text_file(missing, "x"); }),
+            "cannot write '" + missing + "': No such file or directory");
+}
+
+TEST_F(SuitesTest, MatmulComparesEachGpuWithTheCpu_CUDA) {
+  const SuiteResult result = bench_matmul(SuiteOptions().devices({cpu(), gpu(0)}).sizes({64}).repeat(2));
+  ASSERT_EQ(result.table.rows().size(), 3u);
+  EXPECT_EQ(text_of(result.table.at(2, "dtype")), "bfloat16");
+  EXPECT_TRUE(std::holds_alternative<double>(result.table.at(1, "vs_cpu")));
+}
+
+TEST_F(SuitesTest, TransferRunsTinySizes_CUDA) {
+  const SuiteResult result = bench_transfer(SuiteOptions().sizes({4096}).repeat(2));
+  ASSERT_TRUE(result.ran());
+  EXPECT_EQ(result.table.rows().size(), 6u);
+  EXPECT_EQ(text_of(result.table.at(2, "memory")), "pinned_overlap");
+}
+
+} // namespace
+} // namespace dkit::bench
