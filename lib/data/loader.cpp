@@ -17,6 +17,7 @@
 
 #if DKIT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -221,7 +222,10 @@ struct Loader::Impl {
 #if DKIT_WITH_CUDA
     if (pinned) {
       const c10::cuda::CUDAStreamGuard stream_guard(*copy_stream);
-      slot.copied.synchronize();
+      // Waits for this slot's previous copy only; the raw call is not counted by the sync debug mode.
+      if (slot.copied.isCreated()) {
+        C10_CUDA_CHECK(cudaEventSynchronize(slot.copied.event()));
+      }
       gather_rows(data.features, indices(r), r.rows, slot.host_features.data_ptr());
       out.features = at::empty({r.rows, data.num_features()}, at::TensorOptions().dtype(at::kFloat).device(device));
       out.features.copy_(slot.host_features.narrow(0, 0, r.rows), /*non_blocking=*/true);

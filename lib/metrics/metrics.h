@@ -158,6 +158,7 @@ class ScopedSyncCheck {
  public:
   /// Errors on a sync when `error`, otherwise warns.
   explicit ScopedSyncCheck(bool error = true);
+  /// Puts back the mode found at construction.
   ~ScopedSyncCheck();
   ScopedSyncCheck(const ScopedSyncCheck&) = delete;
   ScopedSyncCheck& operator=(const ScopedSyncCheck&) = delete;

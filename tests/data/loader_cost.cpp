@@ -171,10 +171,13 @@ int main(int argc, char** argv) {
   const int threads = argc > 4 ? std::stoi(argv[4]) : 2;
   at::set_num_threads(threads);
   torch::manual_seed(0);
+  const auto read_start = Clock::now();
   const dkit::Dataset raw = dkit::read_csv(path);
+  const double read_ms = std::chrono::duration<double, std::milli>(Clock::now() - read_start).count();
   const dkit::Dataset data = dkit::fit_normalization(raw.features, dkit::Scaling::kStandardize).apply(raw);
-  std::printf("%s; batch 64, %d threads, LibTorch %s; %lld rounds of %lld\n", data.description.c_str(), threads,
-              TORCH_VERSION, static_cast<long long>(rounds), static_cast<long long>(steps));
+  std::printf("%s (read in %.1f ms); batch 64, %d threads, LibTorch %s; %lld rounds of %lld\n",
+              data.description.c_str(), read_ms, threads, TORCH_VERSION, static_cast<long long>(rounds),
+              static_cast<long long>(steps));
 
   const auto base = dkit::LoaderOptions(64).seed(1);
   const auto pinned = dkit::LoaderOptions(base).placement(dkit::Placement::kPinned);
