@@ -27,6 +27,11 @@ struct Case {
   std::string name;
   Work work;
   std::vector<double> micros;
+  // Time spent in Loader::next() during the last work() call, for the training cases.
+  std::shared_ptr<Clock::duration> in_next = std::make_shared<Clock::duration>();
+  std::vector<double> next_micros;
+
+  Case(std::string case_name, Work case_work) : name(std::move(case_name)), work(std::move(case_work)) {}
 };
 
 // Endless batches from a loader, epoch after epoch.
@@ -102,13 +107,17 @@ Work fixed_batch_steps(const dkit::Dataset& data, bool record) {
   };
 }
 
-Work loader_steps(const dkit::Dataset& data, const dkit::LoaderOptions& options) {
+Work loader_steps(const dkit::Dataset& data, const dkit::LoaderOptions& options,
+                  std::shared_ptr<Clock::duration> in_next) {
   auto step = std::make_shared<Step>(data.num_features());
   auto feed = std::make_shared<Feed>(data, options);
-  return [step, feed](int64_t count) {
+  return [step, feed, in_next](int64_t count) {
+    *in_next = Clock::duration::zero();
     const auto start = Clock::now();
     for (int64_t i = 0; i < count; ++i) {
+      const auto before = Clock::now();
       const dkit::Batch batch = feed->next();
+      *in_next += Clock::now() - before;
       step->run(batch.features, batch.labels, /*record=*/true);
     }
     return Clock::now() - start;
@@ -139,6 +148,8 @@ void measure(std::vector<Case>& cases, int64_t count, int64_t rounds) {
     for (auto& c : cases) {
       c.micros.push_back(std::chrono::duration<double, std::micro>(c.work(count)).count() /
                          static_cast<double>(count));
+      c.next_micros.push_back(std::chrono::duration<double, std::micro>(*c.in_next).count() /
+                              static_cast<double>(count));
     }
   }
 }
@@ -155,6 +166,11 @@ void print(const std::vector<Case>& cases, const Case* baseline) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     std::printf("  %-34s median %9.2f  best %9.2f", c.name.c_str(), median, sorted.front());
+    auto in_next = c.next_micros;
+    std::sort(in_next.begin(), in_next.end());
+    if (in_next.back() > 0) {
+      std::printf("  in next(): median %6.2f best %6.2f", in_next[in_next.size() / 2], in_next.front());
+    }
     if (baseline != nullptr && &c != baseline) {
       std::printf("  (median %+8.2f vs %s)", median - base, baseline->name.c_str());
     }
@@ -182,23 +198,28 @@ int main(int argc, char** argv) {
   const auto base = dkit::LoaderOptions(64).seed(1);
   const auto pinned = dkit::LoaderOptions(base).placement(dkit::Placement::kPinned);
   std::vector<Case> alone;
-  alone.push_back({"device, shuffled", loader_alone(data, base), {}});
-  alone.push_back({"device, unshuffled", loader_alone(data, dkit::LoaderOptions(base).shuffle(false)), {}});
-  alone.push_back({"pageable", loader_alone(data, dkit::LoaderOptions(base).placement(dkit::Placement::kPageable)), {}});
-  alone.push_back({"pinned (CPU fallback), prefetch 2", loader_alone(data, dkit::LoaderOptions(pinned).prefetch(2)), {}});
-  alone.push_back({"pinned (CPU fallback), prefetch 4", loader_alone(data, dkit::LoaderOptions(pinned).prefetch(4)), {}});
-  alone.push_back({"MetricBuffer::add, 2 values", metric_adds(), {}});
+  alone.emplace_back("device, shuffled", loader_alone(data, base));
+  alone.emplace_back("device, unshuffled", loader_alone(data, dkit::LoaderOptions(base).shuffle(false)));
+  alone.emplace_back("pageable", loader_alone(data, dkit::LoaderOptions(base).placement(dkit::Placement::kPageable)));
+  alone.emplace_back("pinned (CPU fallback), prefetch 2", loader_alone(data, dkit::LoaderOptions(pinned).prefetch(2)));
+  alone.emplace_back("pinned (CPU fallback), prefetch 4", loader_alone(data, dkit::LoaderOptions(pinned).prefetch(4)));
+  alone.emplace_back("MetricBuffer::add, 2 values", metric_adds());
   measure(alone, steps * 20, rounds);
   std::printf("\nLoader::next() alone, and MetricBuffer::add (us per call):\n");
   print(alone, nullptr);
 
   std::vector<Case> training;
-  training.push_back({"fixed batch, no metrics", fixed_batch_steps(data, false), {}});
-  training.push_back({"fixed batch + metrics", fixed_batch_steps(data, true), {}});
-  training.push_back({"loader device + metrics", loader_steps(data, base), {}});
-  training.push_back(
-      {"loader pageable + metrics", loader_steps(data, dkit::LoaderOptions(base).placement(dkit::Placement::kPageable)), {}});
-  training.push_back({"loader pinned (CPU) + metrics", loader_steps(data, pinned), {}});
+  training.emplace_back("fixed batch, no metrics", fixed_batch_steps(data, false));
+  training.emplace_back("fixed batch + metrics", fixed_batch_steps(data, true));
+  const std::vector<std::pair<std::string, dkit::LoaderOptions>> loaders = {
+      {"loader device + metrics", base},
+      {"loader pageable + metrics", dkit::LoaderOptions(base).placement(dkit::Placement::kPageable)},
+      {"loader pinned (CPU) + metrics", pinned}};
+  for (const auto& [name, options] : loaders) {
+    Case c(name, nullptr);
+    c.work = loader_steps(data, options, c.in_next);
+    training.push_back(std::move(c));
+  }
   measure(training, steps, rounds);
   std::printf("\nMLP [%lld, 256, 256, 10] + Adam training step (us per step):\n",
               static_cast<long long>(data.num_features()));
