@@ -34,4 +34,11 @@ Key optimizer_state_key(const TensorType& param) {
   }
 }
 
+// lib/data and lib/metrics use only APIs present in both versions: `at::cuda::CUDAEvent` (record, block,
+// synchronize), `c10::cuda::getStreamFromPool(bool, DeviceIndex)`, `c10::cuda::CUDAStreamGuard`,
+// `Tensor::record_stream`, pinned `at::empty`, and `c10::cuda::warning_state().set_sync_debug_mode()`. One
+// difference is in values, not in the API: dkit::sample_order() is LibTorch's CPU `randperm`, whose algorithm is not
+// promised to stay the same between versions, so a run resumed under another LibTorch version may visit the rest of
+// an epoch in another order (tests/fixtures/sample_order.txt pins 1.13's).
+
 } // namespace dkit::compat

@@ -17,6 +17,7 @@
 
 #if DKIT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -88,7 +89,7 @@ int64_t Batch::size() const {
 }
 
 struct Loader::Impl {
-  enum class SlotState { kFree, kReady, kTaken };
+  enum class SlotState { kFree, kFilling, kReady, kTaken };
 
   struct Slot {
     at::Tensor host_features;
@@ -220,7 +221,11 @@ struct Loader::Impl {
     Batch out = describe(batch, r);
 #if DKIT_WITH_CUDA
     if (pinned) {
-      slot.copied.synchronize();
+      const c10::cuda::CUDAStreamGuard stream_guard(*copy_stream);
+      // Waits for this slot's previous copy only; the raw call is not counted by the sync debug mode.
+      if (slot.copied.isCreated()) {
+        C10_CUDA_CHECK(cudaEventSynchronize(slot.copied.event()));
+      }
       gather_rows(data.features, indices(r), r.rows, slot.host_features.data_ptr());
       out.features = at::empty({r.rows, data.num_features()}, at::TensorOptions().dtype(at::kFloat).device(device));
       out.features.copy_(slot.host_features.narrow(0, 0, r.rows), /*non_blocking=*/true);
@@ -250,27 +255,29 @@ struct Loader::Impl {
     slot.ready = std::move(out);
   }
 
-  void produce(int64_t first, int64_t last) {
+  Slot& slot_of(int64_t batch) {
+    return slots[static_cast<size_t>((batch - first_batch) % options.prefetch())];
+  }
+
+  void produce() {
     try {
-#if DKIT_WITH_CUDA
-      std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
-      if (pinned) {
-        stream_guard.emplace(*copy_stream);
-      }
-#endif
-      for (int64_t batch = first; batch < last; ++batch) {
-        Slot& slot = slots[static_cast<size_t>((batch - first) % options.prefetch())];
+      while (true) {
+        int64_t batch = 0;
         {
           std::unique_lock<std::mutex> lock(mutex);
-          changed.wait(lock, [&] { return stop || slot.state == SlotState::kFree; });
-          if (stop) {
+          changed.wait(lock, [&] {
+            return stop || next_claim >= batches || slot_of(next_claim).state == SlotState::kFree;
+          });
+          if (stop || next_claim >= batches) {
             return;
           }
+          batch = next_claim++;
+          slot_of(batch).state = SlotState::kFilling;
         }
-        fill(slot, batch);
+        fill(slot_of(batch), batch);
         {
           std::lock_guard<std::mutex> lock(mutex);
-          slot.state = SlotState::kReady;
+          slot_of(batch).state = SlotState::kReady;
         }
         changed.notify_all();
       }
@@ -315,9 +322,10 @@ struct Loader::Impl {
     epoch = new_epoch;
     first_batch = skip;
     next_batch = skip;
+    next_claim = skip;
     started = true;
     if (threaded && skip < batches) {
-      producer = std::thread([this, skip] { produce(skip, batches); });
+      producer = std::thread([this] { produce(); });
     }
   }
 
@@ -340,6 +348,16 @@ struct Loader::Impl {
     }
     const auto index = static_cast<size_t>((next_batch - first_batch) % options.prefetch());
     Slot& slot = slots[index];
+    if (next_claim == next_batch) {
+      TORCH_INTERNAL_ASSERT(slot.state == SlotState::kFree, "the slot of an unclaimed batch is in use");
+      ++next_claim;
+      slot.state = SlotState::kFilling;
+      lock.unlock();
+      fill(slot, next_batch);
+      lock.lock();
+      slot.state = SlotState::kReady;
+      changed.notify_all();
+    }
     changed.wait(lock, [&] { return slot.state == SlotState::kReady || error; });
     if (slot.state != SlotState::kReady) {
       std::rethrow_exception(error);
@@ -382,6 +400,7 @@ struct Loader::Impl {
   int64_t epoch = 0;
   int64_t first_batch = 0;
   int64_t next_batch = 0;
+  int64_t next_claim = 0;
   at::Tensor order;
   at::Tensor device_order;
 

@@ -102,6 +102,7 @@ class Loader {
  public:
   /// A loader over `data` (float32 features, as after Normalization::apply) delivering batches on `device`.
   Loader(Dataset data, const Device& device, LoaderOptions options);
+  /// Stops the prefetch thread, if any, and waits for it.
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -32,6 +32,13 @@ Device with_index(const Device& device) {
   return device.is_cuda() && !device.has_index() ? gpu(0) : device;
 }
 
+float host_scalar(const at::Tensor& value) {
+  float out = 0;
+  AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, value.scalar_type(), "MetricBuffer::add",
+                             [&] { out = static_cast<float>(*value.data_ptr<scalar_t>()); });
+  return out;
+}
+
 at::Tensor zeros_on(const Device& device, at::ScalarType dtype) {
   DKIT_CHECK(is_available(device), "metrics device '", device.str(),
              "' is not available; available devices: ", available_devices());
@@ -131,8 +138,15 @@ void MetricBuffer::add_row(const at::Tensor* values, size_t count) {
     TORCH_CHECK(values[i].device() == device_, "metric '", names_[i], "' is on ", values[i].device().str(),
                 ", the MetricBuffer on ", device_.str());
   }
-  at::NoGradGuard no_grad;
-  at::stack_out(rows_[static_cast<size_t>(size_)], at::TensorList(values, count));
+  if (device_.is_cpu()) {
+    float* row = buffer_.data_ptr<float>() + size_ * static_cast<int64_t>(count);
+    for (size_t i = 0; i < count; ++i) {
+      row[i] = host_scalar(values[i]);
+    }
+  } else {
+    at::NoGradGuard no_grad;
+    at::stack_out(rows_[static_cast<size_t>(size_)], at::TensorList(values, count));
+  }
   ++size_;
 }
 

@@ -49,7 +49,8 @@ class MetricBuffer {
   MetricBuffer(std::vector<std::string> names, const Device& device, int64_t capacity);
 
   /// Appends one row: one 0-d tensor per name, in order, on the buffer's device, of any dtype (converted to
-  /// float32). Gradients are not tracked. Adding to a full buffer is an error.
+  /// float32). Gradients are not tracked. Adding to a full buffer is an error. On a GPU the row is written by a
+  /// queued `stack` into the buffer; on the CPU the values are copied in directly, with no dispatcher call.
   void add(std::initializer_list<at::Tensor> values);
   /// Appends one row, as the initializer_list overload.
   void add(const std::vector<at::Tensor>& values);
@@ -157,6 +158,7 @@ class ScopedSyncCheck {
  public:
   /// Errors on a sync when `error`, otherwise warns.
   explicit ScopedSyncCheck(bool error = true);
+  /// Puts back the mode found at construction.
   ~ScopedSyncCheck();
   ScopedSyncCheck(const ScopedSyncCheck&) = delete;
   ScopedSyncCheck& operator=(const ScopedSyncCheck&) = delete;
