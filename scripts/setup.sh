@@ -10,6 +10,7 @@ set -euo pipefail
 packages=(
   cmake g++ make                      # the build
   libspdlog-dev libcxxopts-dev libyaml-cpp-dev
+  zlib1g-dev                          # reads the gzipped IDX files of MNIST and Fashion-MNIST
   libgtest-dev                        # GoogleTest, for the test suite
 )
 torch_packages=(
