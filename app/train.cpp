@@ -2,6 +2,8 @@
 
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
+#include <dkit/distributed/launch.h>
+#include <dkit/distributed/process_group.h>
 #include <dkit/train/config.h>
 #include <dkit/train/trainer.h>
 
@@ -47,7 +49,9 @@ std::string key_reference() {
 int run_train(Args args) {
   cxxopts::Options options(args.program,
                            "Train an MLP from a YAML config: the data set, model, optimizer, loader and device it "
-                           "names. Writes train.log, metrics.csv, summary.json and checkpoints/ into the run folder.");
+                           "names. Writes train.log, metrics.csv, summary.json and checkpoints/ into the run folder. Under torchrun, or "
+                           "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, each process trains "
+                           "its share of every global batch and rank 0 writes the run folder (docs/distributed.md).");
   options.add_options()("c,config", "YAML config file", cxxopts::value<std::string>())(
       "s,set", "override a config key: KEY=VALUE, VALUE parsed as YAML (repeatable)",
       cxxopts::value<std::vector<std::string>>())(
@@ -66,6 +70,8 @@ int run_train(Args args) {
   }
   const std::vector<std::string> overrides =
       result.count("set") != 0 ? result["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  const std::optional<LaunchEnvironment> launch = launch_environment();
+  const bool main_rank = !launch || launch->rank == 0;
   const bool resume = result.count("resume") != 0;
   DKIT_CHECK(resume || result.count("config") != 0, "dkit train needs --config FILE (or --resume DIR); see --help");
   DKIT_CHECK(!(resume && result.count("config") != 0),
@@ -83,25 +89,39 @@ int run_train(Args args) {
     auto found = CheckpointFolder(out_dir).load_newest();
     DKIT_CHECK(found.has_value(), "cannot resume '", out_dir, "': no readable checkpoint in '",
                CheckpointFolder(out_dir).path(), "'");
-    for (const auto& reason : found->skipped) {
-      std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << reason << "\n";
+    if (main_rank) {
+      for (const auto& reason : found->skipped) {
+        std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << reason << "\n";
+      }
+      std::cerr << "dkit: resuming from " << found->path << "\n";
     }
-    std::cerr << "dkit: resuming from " << found->path << "\n";
     config = parse_config(found->checkpoint.config, "the config saved in " + found->path, out_dir, overrides);
     checkpoint_path = found->path;
     checkpoint = std::make_shared<const TrainingCheckpoint>(std::move(found->checkpoint));
   } else {
     config = load_config(result["config"].as<std::string>(), overrides);
-    out_dir = result.count("out") != 0 ? result["out"].as<std::string>() : new_run_folder();
+    // Only rank 0 writes into the run folder, so only it needs one.
+    out_dir = result.count("out") != 0 ? result["out"].as<std::string>() : main_rank ? new_run_folder() : "runs";
   }
 
   FullTrainConfig full(config);
   install_stop_handlers();
+  std::shared_ptr<ProcessGroupContext> group;
+  if (launch) {
+    group = std::make_shared<ProcessGroupContext>(
+        *launch, launch_device(full.device, *launch),
+        ProcessGroupOptions().backend(full.dist_backend).timeout(std::chrono::seconds(full.dist_timeout_seconds)));
+  }
   Trainer trainer(std::move(full), TrainerOptions(out_dir)
                                        .resume(checkpoint)
                                        .resume_source(checkpoint_path)
-                                       .progress(result.count("no-progress") == 0));
+                                       .progress(result.count("no-progress") == 0)
+                                       .console(main_rank)
+                                       .process_group(group));
   const TrainSummary summary = trainer.run();
+  if (!main_rank) {
+    return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
+  }
   std::cout << summary_to_json(summary);
   if (summary.stopped_by_signal != 0) {
     std::cerr << "dkit: stopped by signal " << summary.stopped_by_signal << " after step " << summary.steps

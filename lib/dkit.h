@@ -14,6 +14,10 @@
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
 #include <dkit/device/device.h>
+#include <dkit/distributed/data_parallel.h>
+#include <dkit/distributed/gradient_reducer.h>
+#include <dkit/distributed/launch.h>
+#include <dkit/distributed/process_group.h>
 #include <dkit/device/report.h>
 #include <dkit/metrics/host_sync.h>
 #include <dkit/metrics/metrics.h>

@@ -19,7 +19,11 @@ fi
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
 mkdir -p "$shim/dkit" "$shim/c10/cuda/impl"
-sed 's/#define DKIT_WITH_CUDA 0/#define DKIT_WITH_CUDA 1/' "$build/generated/dkit/config.h" >"$shim/dkit/config.h"
+# DataParallel comes with CUDA. NCCL stays as configured: its nccl.h is not part of the CUDA toolkit, so the NCCL
+# sections are checked only where NCCL's headers are (a real CUDA build).
+sed -e 's/#define DKIT_WITH_CUDA 0/#define DKIT_WITH_CUDA 1/' \
+    -e 's/#define DKIT_WITH_DATA_PARALLEL 0/#define DKIT_WITH_DATA_PARALLEL 1/' \
+    "$build/generated/dkit/config.h" >"$shim/dkit/config.h"
 # Debian's CPU-only package leaves out this generated header that c10/cuda's headers include.
 if [ ! -f /usr/include/c10/cuda/impl/cuda_cmake_macros.h ]; then
   printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$shim/c10/cuda/impl/cuda_cmake_macros.h"

@@ -23,8 +23,10 @@ namespace dkit::test {
 /// A child process running a program, its stdout and stderr sent to files.
 class Process {
  public:
-  /// Starts `argv[0]` with `argv`, writing its output to `output_prefix` + `.out` / `.err`.
-  Process(const std::vector<std::string>& argv, const std::string& output_prefix)
+  /// Starts `argv[0]` with `argv`, writing its output to `output_prefix` + `.out` / `.err`. Its environment is this
+  /// process's, with each `NAME=VALUE` of `environment` added or replacing the variable of that name.
+  Process(const std::vector<std::string>& argv, const std::string& output_prefix,
+          const std::vector<std::string>& environment = {})
       : out_path_(output_prefix + ".out"), err_path_(output_prefix + ".err") {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -35,7 +37,24 @@ class Process {
       args.push_back(const_cast<char*>(arg.c_str()));
     }
     args.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+    std::vector<std::string> variables = environment;
+    for (char** variable = environ; *variable != nullptr; ++variable) {
+      const std::string entry = *variable;
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      bool replaced = false;
+      for (const auto& given : environment) {
+        replaced = replaced || given.compare(0, name.size(), name) == 0;
+      }
+      if (!replaced) {
+        variables.push_back(entry);
+      }
+    }
+    std::vector<char*> envp;
+    for (auto& variable : variables) {
+      envp.push_back(variable.data());
+    }
+    envp.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) {
       ADD_FAILURE() << "cannot start " << argv[0];
@@ -52,6 +71,11 @@ class Process {
 
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
+
+  /// The process id.
+  pid_t pid() const {
+    return pid_;
+  }
 
   /// Sends `signal`.
   void signal(int signal) {
@@ -109,8 +133,9 @@ class Process {
 };
 
 /// Runs a program to its end; its exit status.
-inline int run_process(const std::vector<std::string>& argv, const std::string& output_prefix) {
-  return Process(argv, output_prefix).wait();
+inline int run_process(const std::vector<std::string>& argv, const std::string& output_prefix,
+                       const std::vector<std::string>& environment = {}) {
+  return Process(argv, output_prefix, environment).wait();
 }
 
 } // namespace dkit::test

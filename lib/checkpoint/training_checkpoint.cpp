@@ -455,6 +455,7 @@ void save_training_checkpoint(const std::string& path, const TrainingCheckpoint&
                                      {"cuda", std::move(cuda)}}));
   root.set("config", checkpoint.config);
   root.set("data_checksum", checkpoint.data_checksum);
+  root.set("world_size", checkpoint.world_size);
   write_torch_file(path, root);
 }
 
@@ -507,6 +508,11 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
   }
   checkpoint.config = fields.text("config");
   checkpoint.data_checksum = fields.text("data_checksum");
+  if (fields.find("world_size") != nullptr) {
+    checkpoint.world_size = fields.integer("world_size");
+    DKIT_CHECK(checkpoint.world_size >= 1, source, ": 'world_size' is ", checkpoint.world_size,
+               ", expected at least 1");
+  }
   return checkpoint;
 }
 

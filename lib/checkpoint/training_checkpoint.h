@@ -56,7 +56,8 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleV
 /// Everything needed to continue training exactly where it stopped. Saved as a torch.save-compatible file
 /// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict with
 /// `nn.Sequential` names), `model`, `input_mean`/`input_std` (when set), `optimizer_state_dict`, `step`,
-/// `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor, ...]}`), `config` and `data_checksum`.
+/// `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor, ...]}`), `config`, `data_checksum` and
+/// `world_size` (absent from files written before it, read as 1).
 struct TrainingCheckpoint {
   /// The model's parameters and buffers (see module_state_dict()).
   StateDict model_state_dict{"state dict key"};
@@ -80,6 +81,10 @@ struct TrainingCheckpoint {
   std::string config;
   /// Checksum of the training data, to notice a resume on different data.
   std::string data_checksum;
+  /// The number of processes that trained (`WORLD_SIZE`; 1 for a single process, and for files written before
+  /// this entry existed). With `train.batch_size` from `config` it gives the global batch that `epoch_step`
+  /// counts in, so that a run can resume with another number of processes.
+  int64_t world_size = 1;
 };
 
 /// Writes `checkpoint` to `path` atomically (see write_torch_file()). Python's `torch.load(path)` reads it.

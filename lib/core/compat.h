@@ -6,9 +6,16 @@
 #include <dkit/config.h>
 #include <torch/version.h>
 
+#include <chrono>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <type_traits>
+
+namespace c10d {
+class Backend;
+class ProcessGroup;
+} // namespace c10d
 
 /// 1 when the LibTorch being compiled against is at least MAJOR.MINOR.
 #define DKIT_TORCH_AT_LEAST(major, minor) \
@@ -33,6 +40,34 @@ Key optimizer_state_key(const TensorType& param) {
     return param.unsafeGetTensorImpl();
   }
 }
+
+/// The class c10d's ProcessGroupGloo and ProcessGroupNCCL derive from, whose virtual collectives (`allreduce`,
+/// `broadcast`, each returning a `c10::intrusive_ptr<c10d::Work>`) lib/distributed calls: `c10d::ProcessGroup` in
+/// 1.13; from 2.0 on `c10d::Backend`, ProcessGroup having become a front that dispatches to backends.
+#if DKIT_TORCH_AT_LEAST(2, 0)
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+/// `c10d::TCPStoreOptions` for dkit's rendezvous (`Options` is that type, named here without its header). The
+/// fields set are the same in both versions; 2.x adds `masterListenFd` and `useLibUV` (the libuv server, the
+/// default from 2.4), left at their defaults. `waitWorkers` is off: dkit waits for the ranks itself, so that it can
+/// say which ones are missing.
+template <typename Options>
+Options tcp_store_options(uint16_t port, bool is_server, std::chrono::milliseconds timeout) {
+  Options options;
+  options.port = port;
+  options.isServer = is_server;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  return options;
+}
+
+// lib/distributed uses these c10d APIs, which are the same in both versions: `TCPStore(host, options)`,
+// `Store::set/get/add/check/wait(keys, timeout)`, `PrefixStore`, `ProcessGroupGloo::Options::create(timeout)` with
+// `devices` and `threads`, `ProcessGroupGloo::createDeviceForHostname/ForInterface`, `ProcessGroupNCCL::Options::
+// create()` with the `timeout` of its base, `AllreduceOptions`/`BroadcastOptions`, `c10d::Work::wait(timeout)`.
 
 // lib/data and lib/metrics use only APIs present in both versions: `at::cuda::CUDAEvent` (record, block,
 // synchronize), `c10::cuda::getStreamFromPool(bool, DeviceIndex)`, `c10::cuda::CUDAStreamGuard`,

@@ -3,6 +3,7 @@
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
 #include <dkit/core/json.h>
+#include <dkit/distributed/data_parallel.h>
 
 #include <torch/torch.h>
 
@@ -88,6 +89,18 @@ std::vector<Capability> build_capabilities() {
   std::vector<Capability> capabilities;
   capabilities.push_back({"cuda", DKIT_WITH_CUDA == 1,
                           DKIT_WITH_CUDA ? "built against a CUDA LibTorch" : "built against a CPU-only LibTorch"});
+  capabilities.push_back({"gloo", DKIT_WITH_GLOO == 1,
+                          DKIT_WITH_GLOO ? "c10d's Gloo backend: multi-process training on the CPU (torchrun)"
+                                         : "this LibTorch has no c10d Gloo backend, or Gloo's headers were missing"});
+  capabilities.push_back({"nccl", DKIT_WITH_NCCL == 1,
+                          DKIT_WITH_NCCL ? "c10d's NCCL backend: multi-process training on GPUs (torchrun)"
+                          : DKIT_WITH_CUDA
+                              ? "this LibTorch has no c10d NCCL backend, or nccl.h was missing"
+                              : "needs a CUDA LibTorch"});
+  capabilities.push_back({"data_parallel", data_parallel_available(),
+                          data_parallel_available()
+                              ? "torch::nn::parallel::data_parallel: one process on several GPUs (dist.data_parallel)"
+                              : data_parallel_unavailable_reason()});
   return capabilities;
 }
 

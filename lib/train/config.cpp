@@ -211,6 +211,9 @@ const std::vector<KeySpec>& key_specs() {
       key<int64_t>("dist.timeout_seconds", "int", "60",
                    "how long a collective waits for a lost process before the run fails",
                    DKIT_FIELD(dist.timeout_seconds), read_int),
+      key<bool>("dist.data_parallel", "bool", "false",
+                "one process on every visible GPU through LibTorch's DataParallel (CUDA builds; see `dkit devices`)",
+                DKIT_FIELD(dist.data_parallel), read_bool),
   };
   return specs;
 }
@@ -480,6 +483,7 @@ FullTrainConfig::FullTrainConfig(const TrainConfig& c) {
   dist_backend = check_choice(c, "dist.backend", c.dist.backend.value_or("auto"), {"auto", "gloo", "nccl"});
   dist_timeout_seconds = c.dist.timeout_seconds.value_or(60);
   check_range(c, "dist.timeout_seconds", dist_timeout_seconds, dist_timeout_seconds >= 1, "at least 1");
+  dist_data_parallel = c.dist.data_parallel.value_or(false);
 }
 
 std::string to_yaml(const FullTrainConfig& c) {
@@ -526,6 +530,7 @@ std::string to_yaml(const FullTrainConfig& c) {
   out << YAML::Key << "dist" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "backend" << YAML::Value << c.dist_backend;
   out << YAML::Key << "timeout_seconds" << YAML::Value << c.dist_timeout_seconds;
+  out << YAML::Key << "data_parallel" << YAML::Value << c.dist_data_parallel;
   out << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

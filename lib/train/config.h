@@ -110,6 +110,8 @@ struct TrainConfig {
     std::optional<std::string> backend;
     /// `dist.timeout_seconds`.
     std::optional<int64_t> timeout_seconds;
+    /// `dist.data_parallel`.
+    std::optional<bool> data_parallel;
   } dist;
 
   /// Where each key given came from, e.g. `configs/digits.yaml line 7` or `--set train.lr=0.1`; error messages
@@ -188,6 +190,8 @@ struct FullTrainConfig {
   std::string dist_backend;
   /// `dist.timeout_seconds`.
   int64_t dist_timeout_seconds;
+  /// `dist.data_parallel`: one process on every visible GPU (DataParallel).
+  bool dist_data_parallel;
 };
 
 /// One key of the configuration, for documentation and `dkit train --help`.

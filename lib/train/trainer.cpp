@@ -6,10 +6,14 @@
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
 #include <dkit/device/device.h>
+#include <dkit/distributed/data_parallel.h>
+#include <dkit/distributed/gradient_reducer.h>
+#include <dkit/distributed/process_group.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/null_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -63,6 +67,14 @@ std::string data_checksum(const Dataset& data) {
   std::ostringstream out;
   out << "fnv1a64:" << std::hex << std::setw(16) << std::setfill('0') << hash;
   return out.str();
+}
+
+int64_t fingerprint(const std::string& text) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : text) {
+    hash = (hash ^ c) * 0x100000001b3ULL;
+  }
+  return static_cast<int64_t>(hash >> 1);
 }
 
 Dataset load_data(const FullTrainConfig& c) {
@@ -199,6 +211,12 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::ofstream metrics_csv;
   std::optional<CheckpointFolder> folder;
+  std::shared_ptr<ProcessGroupContext> group;
+  bool main = true;
+  int64_t world_size = 1;
+  std::unique_ptr<GradientReducer> reducer;
+  std::vector<Device> data_parallel_devices;
+  int64_t val_total = 0;
 
   int64_t step = 0;
   int64_t epoch = 0;
@@ -212,10 +230,15 @@ struct Trainer::Impl {
   TrainSummary summary;
   Stopwatch train_clock;
 
-  Impl(FullTrainConfig c, TrainerOptions o) : config(std::move(c)), options(std::move(o)) {}
+  Impl(FullTrainConfig c, TrainerOptions o)
+      : config(std::move(c)), options(std::move(o)), group(options.process_group()),
+        main(group == nullptr || group->is_main()), world_size(group ? group->world_size() : 1) {}
 
   void prepare_out_dir() {
     out_dir = fs::absolute(options.out_dir()).lexically_normal();
+    if (!main) {
+      return;
+    }
     const fs::path parent = out_dir.parent_path();
     DKIT_CHECK(fs::is_directory(parent), "cannot create the run folder '", out_dir.string(), "': its parent '",
                parent.string(), "' does not exist");
@@ -232,6 +255,14 @@ struct Trainer::Impl {
   }
 
   void setup_logging() {
+    if (!main) {
+      auto null_sink = std::make_shared<spdlog::sinks::null_sink_mt>();
+      log = std::make_shared<spdlog::logger>("dkit.train", null_sink);
+      file_log = std::make_shared<spdlog::logger>("dkit.train.file", null_sink);
+      previous_default = spdlog::default_logger();
+      spdlog::set_default_logger(log);
+      return;
+    }
     auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((out_dir / "train.log").string());
     std::vector<spdlog::sink_ptr> sinks{file_sink};
     if (options.console()) {
@@ -266,22 +297,41 @@ struct Trainer::Impl {
     const Dataset train = normalization.apply(parts.train);
     in_features = train.num_features();
     num_classes = all.num_classes;
-    if (parts.val.size() > 0) {
-      val_features = normalization.apply(parts.val.features).to(device);
-      val_labels = parts.val.labels.to(device);
+    val_total = parts.val.size();
+    if (val_total > 0) {
+      at::Tensor features = normalization.apply(parts.val.features);
+      at::Tensor labels = parts.val.labels;
+      if (group) {
+        const int64_t begin = val_total * group->rank() / world_size;
+        const int64_t end = val_total * (group->rank() + 1) / world_size;
+        features = features.narrow(0, begin, end - begin);
+        labels = labels.narrow(0, begin, end - begin);
+      }
+      val_features = features.to(device);
+      val_labels = labels.to(device);
     }
+    const int64_t rank = group ? group->rank() : 0;
     loader.emplace(train, device,
                    LoaderOptions(config.batch_size)
                        .shuffle(config.shuffle)
                        .drop_last(config.drop_last)
                        .placement(parse_placement(config.placement))
                        .prefetch(config.prefetch)
-                       .seed(static_cast<uint64_t>(config.seed)));
+                       .seed(static_cast<uint64_t>(config.seed))
+                       .rank(rank)
+                       .world_size(world_size));
     DKIT_CHECK(loader->batches_per_epoch() > 0, "data: ", train.size(), " training samples make no batch of ",
-               config.batch_size, " with loader.drop_last; lower train.batch_size");
-    log->info("split: {} training, {} validation samples; {} batches of {} per epoch, loader placement {}",
-              train.size(), parts.val.size(), loader->batches_per_epoch(), config.batch_size,
-              to_string(loader->placement()));
+               config.batch_size * world_size, " with loader.drop_last; lower train.batch_size");
+    if (group) {
+      log->info("split: {} training, {} validation samples; {} global batches of {} per epoch ({} processes of {}), "
+                "loader placement {}",
+                train.size(), parts.val.size(), loader->batches_per_epoch(), config.batch_size * world_size,
+                world_size, config.batch_size, to_string(loader->placement()));
+    } else {
+      log->info("split: {} training, {} validation samples; {} batches of {} per epoch, loader placement {}",
+                train.size(), parts.val.size(), loader->batches_per_epoch(), config.batch_size,
+                to_string(loader->placement()));
+    }
   }
 
   void setup_model() {
@@ -292,6 +342,71 @@ struct Trainer::Impl {
     optimizer = make_optimizer(config, model->parameters());
     log->info("model: {} on {}, optimizer {} lr {}", model_description(), device.str(), to_string(config.optimizer),
               config.lr);
+  }
+
+  void setup_data_parallel() {
+    if (!config.dist_data_parallel) {
+      return;
+    }
+    DKIT_CHECK(data_parallel_available(), "dist.data_parallel is not available: ", data_parallel_unavailable_reason(),
+               " (see `dkit devices`); set dist.data_parallel: false");
+    DKIT_CHECK(group == nullptr, "dist.data_parallel runs one process on every GPU, but this is process ",
+               group ? group->rank() : 0, " of a ", world_size,
+               "-process run: with torchrun use one process per GPU and dist.data_parallel: false");
+    DKIT_CHECK(device.is_cuda(), "dist.data_parallel needs device cuda, but the device is ", device.str());
+    data_parallel_devices.push_back(device);
+    for (int64_t i = 0; i < num_gpus(); ++i) {
+      if (gpu(i) != device) {
+        data_parallel_devices.push_back(gpu(i));
+      }
+    }
+    log->info("DataParallel over {} GPUs", data_parallel_devices.size());
+  }
+
+  /// Makes every rank start from rank 0's weights, checks that the ranks agree on what they train (resume point,
+  /// data, shapes), and hooks the gradient allreduce.
+  void join_ranks() {
+    std::vector<at::Tensor> state;
+    for (const auto& param : model->parameters()) {
+      state.push_back(param.detach());
+    }
+    for (const auto& buffer : model->buffers()) {
+      state.push_back(buffer);
+    }
+    group->broadcast(state, "the broadcast of rank 0's weights");
+    const std::vector<std::pair<const char*, int64_t>> facts = {
+        {"step", step},
+        {"epoch", epoch},
+        {"batch in epoch", epoch_step},
+        {"train.batch_size", config.batch_size},
+        {"data checksum", fingerprint(checksum)},
+        {"config", fingerprint(to_yaml(config_without_path()))},
+    };
+    std::vector<int64_t> mine;
+    for (const auto& fact : facts) {
+      mine.push_back(fact.second);
+    }
+    auto theirs = torch::tensor(mine, torch::kInt64).to(device);
+    group->broadcast({theirs}, "the broadcast of rank 0's starting point");
+    const auto host = theirs.to(torch::kCPU);
+    note_host_sync();
+    for (size_t i = 0; i < facts.size(); ++i) {
+      const int64_t rank0 = host.data_ptr<int64_t>()[i];
+      DKIT_CHECK(rank0 == mine[i], "rank ", group->rank(), " does not start where rank 0 does: its ", facts[i].first,
+                 " differs (", i < 4 ? std::to_string(mine[i]) : "hash " + std::to_string(mine[i]), ", rank 0: ",
+                 i < 4 ? std::to_string(rank0) : "hash " + std::to_string(rank0),
+                 "); every rank must be given the same config, data and checkpoint folder");
+    }
+    reducer = std::make_unique<GradientReducer>(model->parameters(), group);
+    log->info("{} processes over {} ({}): gradients summed in {} bucket(s)", world_size, group->backend(),
+              group->launch().master_addr + ":" + std::to_string(group->launch().master_port),
+              reducer->buckets().size());
+  }
+
+  FullTrainConfig config_without_path() const {
+    FullTrainConfig copy = config;
+    copy.data_path.clear();
+    return copy;
   }
 
   std::string model_description() const {
@@ -320,23 +435,41 @@ struct Trainer::Impl {
     return optimizer->param_groups().front().options().get_lr();
   }
 
-  void flush_metrics(MetricBuffer& metrics, Progress& progress) {
+  /// Logs the window's metrics. In a multi-process run the sums of every rank are added up in one allreduce,
+  /// which also carries the stop requests: returns the signal that stops every rank, or 0.
+  int flush_metrics(MetricBuffer& metrics, Progress& progress) {
     if (metrics.empty()) {
-      return;
+      return 0;
     }
     const MetricRows rows = metrics.flush();
     const double seconds = train_clock.seconds() - window_seconds_start;
-    const double loss_sum = rows.sum("loss_sum");
-    const double samples = static_cast<double>(window_local_samples);
+    double loss_sum = rows.sum("loss_sum");
+    double correct = rows.sum("correct");
+    double samples = static_cast<double>(window_local_samples);
+    int stop = 0;
+    if (group) {
+      const int signal = stop_requested();
+      const auto total = group->allreduce_sum({loss_sum, correct, samples, signal != 0 ? 1.0 : 0.0,
+                                               static_cast<double>(signal)},
+                                              "the metrics allreduce at step " + std::to_string(step));
+      loss_sum = total[0];
+      correct = total[1];
+      samples = total[2];
+      if (total[3] > 0) {
+        stop = signal != 0 ? signal : static_cast<int>(std::lround(total[4] / total[3]));
+      }
+    }
     const double loss = loss_sum / samples;
-    const double accuracy = rows.sum("correct") / samples;
+    const double accuracy = correct / samples;
     DKIT_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step, " (epoch ",
                epoch + 1, "); no checkpoint was written after it, the last good one is in '",
                (out_dir / "checkpoints").string(), "'; lower train.lr");
     const double rate = seconds > 0 ? window_samples / seconds : 0.0;
     summary.final_loss = loss;
-    metrics_csv << step << "," << epoch + 1 << "," << csv_number(loss) << "," << csv_number(accuracy) << ","
-                << csv_number(current_lr()) << "," << csv_number(rate) << ",,\n";
+    if (main) {
+      metrics_csv << step << "," << epoch + 1 << "," << csv_number(loss) << "," << csv_number(accuracy) << ","
+                  << csv_number(current_lr()) << "," << csv_number(rate) << ",,\n";
+    }
     std::ostringstream text;
     text << "epoch " << epoch + 1 << "/" << config.epochs << " loss " << std::fixed << std::setprecision(4) << loss
          << " acc " << accuracy << " " << format_rate(rate) << " samples/s";
@@ -345,6 +478,7 @@ struct Trainer::Impl {
     window_seconds_start = train_clock.seconds();
     window_samples = 0;
     window_local_samples = 0;
+    return stop;
   }
 
   std::pair<double, double> validate() {
@@ -371,16 +505,22 @@ struct Trainer::Impl {
     const auto host = torch::stack({loss_sum, correct.to(torch::kFloat64)}).to(torch::kCPU);
     note_host_sync();
     const auto* values = host.data_ptr<double>();
-    return {values[0] / static_cast<double>(n), values[1] / static_cast<double>(n)};
+    std::vector<double> sums{values[0], values[1]};
+    if (group) {
+      sums = group->allreduce_sum(sums, "the validation allreduce at step " + std::to_string(step));
+    }
+    return {sums[0] / static_cast<double>(val_total), sums[1] / static_cast<double>(val_total)};
   }
 
   void end_epoch(Progress& progress) {
     const auto [val_loss, val_accuracy] = validate();
     summary.val_accuracy = val_accuracy;
     last_validated_step = step;
-    metrics_csv << step << "," << epoch + 1 << ",,,,," << csv_number(val_loss) << "," << csv_number(val_accuracy)
-                << "\n";
-    metrics_csv.flush();
+    if (main) {
+      metrics_csv << step << "," << epoch + 1 << ",,,,," << csv_number(val_loss) << "," << csv_number(val_accuracy)
+                  << "\n";
+      metrics_csv.flush();
+    }
     std::ostringstream text;
     text << "epoch " << epoch + 1 << "/" << config.epochs << " done at step " << step << ": val loss "
          << std::fixed << std::setprecision(4) << val_loss << " val acc " << val_accuracy;
@@ -389,6 +529,10 @@ struct Trainer::Impl {
   }
 
   void save_checkpoint() {
+    if (!main) {
+      saved_step = step;
+      return;
+    }
     TrainingCheckpoint checkpoint;
     checkpoint.model_state_dict = module_state_dict(*model);
     checkpoint.model = model->options;
@@ -401,6 +545,7 @@ struct Trainer::Impl {
     checkpoint.rng = capture_rng_state();
     checkpoint.config = to_yaml(config);
     checkpoint.data_checksum = checksum;
+    checkpoint.world_size = world_size;
     summary.checkpoint = folder->save(checkpoint);
     saved_step = step;
     log->info("checkpoint {}", summary.checkpoint);
@@ -417,6 +562,20 @@ struct Trainer::Impl {
     epoch = checkpoint.epoch;
     epoch_step = checkpoint.epoch_step;
     saved_step = step;
+    const int64_t saved_batch = FullTrainConfig(parse_config(checkpoint.config, source, ".")).batch_size;
+    const int64_t saved_global = saved_batch * checkpoint.world_size;
+    const int64_t global = config.batch_size * world_size;
+    if (saved_global != global && epoch_step > 0) {
+      const int64_t samples_done = epoch_step * saved_global;
+      DKIT_CHECK(samples_done % global == 0, "cannot resume from ", source, ": it stopped after ", epoch_step,
+                 " global batches of ", saved_global, " (", checkpoint.world_size, " process(es) x train.batch_size ",
+                 saved_batch, ") in epoch ", epoch + 1, ", ", samples_done, " samples, which is no whole number of "
+                 "this run's global batches of ", global, " (", world_size, " process(es) x train.batch_size ",
+                 config.batch_size, "); resume with a global batch of ", saved_global);
+      epoch_step = samples_done / global;
+      log->warn("the global batch changed from {} to {}: epoch {} continues at batch {} (after sample {})",
+                saved_global, global, epoch + 1, epoch_step, samples_done);
+    }
     log->info("resumed from {} at step {} (epoch {}, batch {})", source, step, epoch + 1, epoch_step);
   }
 
@@ -429,38 +588,57 @@ struct Trainer::Impl {
       return result;
     } catch (const std::exception& e) {
       const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      file_log->error("{}", c10_error != nullptr ? c10_error->what_without_backtrace() : e.what());
+      const std::string message = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+      file_log->error("{}", message);
       file_log->flush();
+      if (group) {
+        group->publish_failure(message);
+      }
       restore_logging();
       throw;
     }
   }
 
   TrainSummary train() {
-    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : affinity_cpus()));
-    device = parse_device(config.device);
+    const int64_t cpus = group ? std::max<int64_t>(1, affinity_cpus() / group->launch().local_world_size)
+                               : affinity_cpus();
+    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : cpus));
+    device = group ? group->device() : parse_device(config.device);
     torch::manual_seed(static_cast<uint64_t>(config.seed));
     summary.device = device.str();
     log->info("dkit train: device {}, {} CPU threads, out {}", device.str(), at::get_num_threads(),
               out_dir.string());
-    {
+    if (main) {
       std::ofstream saved(out_dir / "config.yaml");
       saved << to_yaml(config);
     }
     setup_data();
     setup_model();
-    folder.emplace(out_dir.string(), CheckpointFolderOptions().keep(config.keep_checkpoints));
+    setup_data_parallel();
+    if (main) {
+      folder.emplace(out_dir.string(), CheckpointFolderOptions().keep(config.keep_checkpoints));
+    }
     const bool resuming = options.resume() != nullptr;
     if (resuming) {
       restore(*options.resume(), options.resume_source());
     }
-    open_metrics_csv(resuming);
+    if (group) {
+      join_ranks();
+    }
+    if (main) {
+      open_metrics_csv(resuming);
+    }
     if (console_sink && !(options.progress() && isatty(STDERR_FILENO) == 1)) {
       console_sink->set_level(spdlog::level::info);
     }
-    const std::string start = fmt::format("training {} on {} ({} CPU threads): {}; {} batches of {} per epoch; run folder {}",
-                                          model_description(), device.str(), at::get_num_threads(), data_description,
-                                          loader->batches_per_epoch(), config.batch_size, out_dir.string());
+    const std::string processes =
+        group ? fmt::format(" x {} processes ({}, global batch {})", world_size, group->backend(),
+                            config.batch_size * world_size)
+              : std::string();
+    const std::string start = fmt::format("training {} on {} ({} CPU threads){}: {}; {} batches of {} per epoch; run folder {}",
+                                          model_description(), device.str(), at::get_num_threads(), processes,
+                                          data_description, loader->batches_per_epoch(), config.batch_size,
+                                          out_dir.string());
     log->info("{}", start);
     total_steps = config.epochs * loader->batches_per_epoch();
     if (config.max_steps > 0) {
@@ -469,10 +647,11 @@ struct Trainer::Impl {
     reset_peak_memory_stats(device);
 
     MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
-    Progress progress(options.progress() && options.console() && isatty(STDERR_FILENO) == 1, total_steps);
+    Progress progress(main && options.progress() && options.console() && isatty(STDERR_FILENO) == 1, total_steps);
     progress.line(start);
     const int64_t syncs_before = host_sync_count();
     const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+    const bool data_parallel = !data_parallel_devices.empty();
     bool finished = step >= total_steps;
     model->train();
     train_clock.start();
@@ -481,9 +660,13 @@ struct Trainer::Impl {
       loader->start_epoch(epoch, epoch_step);
       while (auto batch = loader->next()) {
         zero_grad();
-        const auto logits = model->forward(batch->features);
+        const auto logits = data_parallel ? data_parallel_forward(model, batch->features, data_parallel_devices)
+                                          : model->forward(batch->features);
         const auto loss_sum = torch::nn::functional::cross_entropy(logits, batch->labels, sum_options);
         (loss_sum / static_cast<double>(batch->global_samples)).backward();
+        if (reducer) {
+          reducer->synchronize();
+        }
         optimizer->step();
         metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch->labels).sum()});
         ++step;
@@ -491,17 +674,23 @@ struct Trainer::Impl {
         window_samples += batch->global_samples;
         window_local_samples += batch->size();
         summary.samples += batch->global_samples;
-        if (metrics.full()) {
-          flush_metrics(metrics, progress);
-        }
         const bool at_limit = step >= total_steps;
-        const bool stop = stop_requested() != 0;
-        if (at_limit || stop || (config.checkpoint_every > 0 && step % config.checkpoint_every == 0)) {
+        const bool checkpoint_due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
+        int stop = 0;
+        if (!group) {
+          if (metrics.full()) {
+            flush_metrics(metrics, progress);
+          }
+          stop = stop_requested();
+        } else if (metrics.full() || at_limit || checkpoint_due) {
+          stop = flush_metrics(metrics, progress);
+        }
+        if (at_limit || stop != 0 || checkpoint_due) {
           flush_metrics(metrics, progress);
           train_clock.stop();
           save_checkpoint();
-          if (stop) {
-            summary.stopped_by_signal = stop_requested();
+          if (stop != 0) {
+            summary.stopped_by_signal = stop;
             log->warn("stopped by signal {} after step {}; checkpoint {}", summary.stopped_by_signal, step,
                       summary.checkpoint);
             finished = true;
@@ -535,12 +724,15 @@ struct Trainer::Impl {
     if (saved_step != step) {
       save_checkpoint();
     }
+    if (group) {
+      group->barrier("the final barrier, after rank 0 wrote its checkpoint");
+    }
     summary.steps = step;
     summary.train_seconds = train_clock.seconds();
     summary.samples_per_second = summary.train_seconds > 0 ? summary.samples / summary.train_seconds : 0.0;
     summary.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;
     summary.host_syncs = host_sync_count() - syncs_before;
-    {
+    if (main) {
       std::ofstream json(out_dir / "summary.json");
       json << summary_to_json(summary);
     }

@@ -208,7 +208,8 @@ TEST_F(TrainingCheckpointFileTest, PythonReadsTheCheckpointAndItsOptimizerState)
   const auto result = test::run_python(dir_.file("check.py"), R"(import sys, collections, torch
 ck = torch.load(sys.argv[1])
 assert list(ck) == ["dkit_checkpoint", "model_state_dict", "model", "optimizer_state_dict", "step", "epoch",
-                    "epoch_step", "rng", "config", "data_checksum"], list(ck)
+                    "epoch_step", "rng", "config", "data_checksum", "world_size"], list(ck)
+assert ck["world_size"] == 1
 assert type(ck["model_state_dict"]) is collections.OrderedDict
 assert ck["model"] == {"in_features": 4, "hidden": [8], "out_features": 3, "activation": "relu", "dropout": 0.0}
 assert ck["rng"]["cpu"].dtype == torch.uint8

@@ -1,0 +1,481 @@
+#include <dkit/distributed/process_group.h>
+
+#include <dkit/config.h>
+#include <dkit/core/compat.h>
+#include <dkit/core/error.h>
+#include <dkit/metrics/host_sync.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#if DKIT_WITH_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if DKIT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+// NCCL: the only part of this file that needs nccl.h, kept apart. Unverified on the machine this was written on,
+// which has neither NCCL's headers nor a GPU.
+#if DKIT_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+namespace dkit {
+namespace {
+
+c10::intrusive_ptr<compat::C10dBackend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                  const Device& device, std::chrono::milliseconds timeout) {
+  c10::cuda::set_device(device.index());
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+}
+
+} // namespace
+} // namespace dkit
+#endif
+
+namespace dkit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes(const std::string& text) {
+  return {text.begin(), text.end()};
+}
+
+std::string text(const std::vector<uint8_t>& data) {
+  return {data.begin(), data.end()};
+}
+
+std::string message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string message = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) {
+    message.pop_back();
+  }
+  return message;
+}
+
+std::string seconds(std::chrono::milliseconds duration) {
+  std::ostringstream out;
+  out << duration.count() / 1000.0 << " s";
+  return out.str();
+}
+
+std::string rank_list(const std::vector<int64_t>& ranks) {
+  std::ostringstream out;
+  out << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out << (i == 0 ? "" : ", ") << ranks[i];
+  }
+  return out.str();
+}
+
+std::string this_host() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("?");
+}
+
+std::string key(const char* kind, int64_t rank) {
+  return std::string("dkit/") + kind + "/" + std::to_string(rank);
+}
+
+} // namespace
+
+bool backend_available(std::string_view backend) {
+  if (backend == "gloo") {
+    return DKIT_WITH_GLOO == 1;
+  }
+  if (backend == "nccl") {
+    return DKIT_WITH_NCCL == 1;
+  }
+  return backend == "auto" && (DKIT_WITH_GLOO == 1 || DKIT_WITH_NCCL == 1);
+}
+
+std::string resolve_backend(std::string_view backend, const Device& device) {
+  const std::string build = std::string("this dkit was built against LibTorch ") + TORCH_VERSION +
+                            (DKIT_WITH_CUDA ? " with CUDA" : " without CUDA") + ", which has " +
+                            (DKIT_WITH_GLOO && DKIT_WITH_NCCL ? "Gloo and NCCL"
+                             : DKIT_WITH_GLOO                 ? "Gloo only"
+                             : DKIT_WITH_NCCL                 ? "NCCL only"
+                                                              : "no c10d backend");
+  std::string chosen(backend);
+  if (backend == "auto") {
+    chosen = device.is_cuda() && DKIT_WITH_NCCL ? "nccl" : "gloo";
+  }
+  DKIT_CHECK(chosen == "gloo" || chosen == "nccl", "dist.backend '", backend, "' is not one of auto, gloo, nccl");
+  if (chosen == "nccl") {
+    DKIT_CHECK(DKIT_WITH_NCCL, "dist.backend 'nccl' is not available: ", build,
+               " (see `dkit devices`); use dist.backend: gloo or auto");
+    DKIT_CHECK(device.is_cuda(), "dist.backend 'nccl' needs a GPU, but this rank trains on ", device.str(),
+               "; use dist.backend: gloo or auto on the CPU");
+  }
+  DKIT_CHECK(chosen != "gloo" || DKIT_WITH_GLOO, "dist.backend '", backend,
+             "' needs c10d's Gloo backend, which is not available: ", build, " (see `dkit devices`)");
+  return chosen;
+}
+
+struct PendingCollective::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string what;
+};
+
+PendingCollective::PendingCollective() = default;
+PendingCollective::~PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+
+bool PendingCollective::pending() const {
+  return impl_ != nullptr && impl_->work;
+}
+
+struct ProcessGroupContext::Impl {
+  LaunchEnvironment launch;
+  Device device;
+  ProcessGroupOptions options;
+  std::string backend;
+  std::string master_ip;
+  std::string rendezvous;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::C10dBackend> group;
+  std::vector<std::string> members;
+
+  c10::intrusive_ptr<c10d::Store> heartbeat_store;
+  std::thread heartbeat_thread;
+  std::mutex heartbeat_mutex;
+  std::condition_variable heartbeat_wake;
+  bool stopping = false;
+
+  Impl(const LaunchEnvironment& l, const Device& d, ProcessGroupOptions o)
+      : launch(l), device(d), options(std::move(o)) {}
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mutex);
+      stopping = true;
+    }
+    heartbeat_wake.notify_all();
+    if (heartbeat_thread.joinable()) {
+      heartbeat_thread.join();
+    }
+  }
+
+  std::string where() const {
+    return "MASTER_ADDR=" + launch.master_addr + " MASTER_PORT=" + std::to_string(launch.master_port);
+  }
+
+  std::string member(int64_t rank) const {
+    const std::string about = rank < static_cast<int64_t>(members.size()) ? members[rank] : "";
+    return "rank " + std::to_string(rank) + " of " + std::to_string(launch.world_size) +
+           (about.empty() ? "" : " (" + about + ")");
+  }
+
+  std::string host_of_store() const {
+    return launch.agent_store ? "torchrun's agent" : "rank 0";
+  }
+
+  /// A connection to the rendezvous store; rank 0 hosts it unless torchrun's agent does. The keys of a torchrun
+  /// attempt live under `/worker/attempt_N`, as PyTorch's own processes use them.
+  c10::intrusive_ptr<c10d::Store> connect(bool may_host) const {
+    const bool server = may_host && launch.rank == 0 && !launch.agent_store;
+    const auto store_options = compat::tcp_store_options<c10d::TCPStoreOptions>(
+        static_cast<uint16_t>(launch.master_port), server, options.timeout());
+    c10::intrusive_ptr<c10d::Store> tcp;
+    try {
+      tcp = c10::make_intrusive<c10d::TCPStore>(master_ip, store_options);
+    } catch (const std::exception& e) {
+      DKIT_CHECK(!server, "rank 0 cannot host the rendezvous store on MASTER_PORT=", launch.master_port, ": ",
+                 message_of(e));
+      throw Error("rank " + std::to_string(launch.rank) + " could not reach the rendezvous store at " + where() +
+                  " (" + rendezvous + ") within " + seconds(options.timeout()) + " (dist.timeout_seconds): is " +
+                  host_of_store() + " running there? " + message_of(e));
+    }
+    if (!launch.agent_store) {
+      return tcp;
+    }
+    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(launch.restart_count), tcp);
+  }
+
+  void join() {
+    store = connect(/*may_host=*/true);
+    const auto timeout = options.timeout();
+    try {
+      const int64_t claims = store->add(key("claims", launch.rank), 1);
+      DKIT_CHECK(claims == 1, "RANK=", launch.rank, " was given to ", claims,
+                 " processes: each process of the run needs its own RANK");
+      if (launch.rank == 0) {
+        store->set("dkit/world_size", bytes(std::to_string(launch.world_size)));
+      }
+      store->wait({"dkit/world_size"}, timeout);
+      const std::string world = text(store->get("dkit/world_size"));
+      DKIT_CHECK(world == std::to_string(launch.world_size), "WORLD_SIZE=", launch.world_size,
+                 " for this process (rank ", launch.rank, ") but WORLD_SIZE=", world,
+                 " for rank 0: every process of the run needs the same WORLD_SIZE");
+      store->set(key("member", launch.rank), bytes("host " + this_host() + ", pid " + std::to_string(getpid())));
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error("rank " + std::to_string(launch.rank) + " lost the rendezvous store at " + where() +
+                  " while joining: " + message_of(e));
+    }
+    std::vector<std::string> keys;
+    for (int64_t r = 0; r < launch.world_size; ++r) {
+      keys.push_back(key("member", r));
+    }
+    try {
+      store->wait(keys, timeout);
+    } catch (const std::exception& e) {
+      std::vector<int64_t> missing;
+      try {
+        for (int64_t r = 0; r < launch.world_size; ++r) {
+          if (!store->check({keys[r]})) {
+            missing.push_back(r);
+          }
+        }
+      } catch (const std::exception&) {
+        throw Error("rank " + std::to_string(launch.rank) + " lost the rendezvous store at " + where() +
+                    " while waiting for the other ranks: " + message_of(e));
+      }
+      const bool many = missing.size() > 1;
+      throw Error(rank_list(missing) + " of " + std::to_string(launch.world_size) + (many ? " have" : " has") +
+                  " not joined the rendezvous at " + where() + " within " + seconds(timeout) +
+                  " (dist.timeout_seconds): start every rank with the same MASTER_ADDR, MASTER_PORT and "
+                  "WORLD_SIZE");
+    }
+    for (int64_t r = 0; r < launch.world_size; ++r) {
+      members.push_back(text(store->get(keys[r])));
+    }
+  }
+
+  void start_heartbeat() {
+    heartbeat_store = connect(/*may_host=*/false);
+    heartbeat_store->add(key("heartbeat", launch.rank), 1);
+    heartbeat_thread = std::thread([this] {
+      const std::string beat = key("heartbeat", launch.rank);
+      std::unique_lock<std::mutex> lock(heartbeat_mutex);
+      while (!heartbeat_wake.wait_for(lock, options.heartbeat(), [this] { return stopping; })) {
+        lock.unlock();
+        try {
+          heartbeat_store->add(beat, 1);
+        } catch (const std::exception&) {
+          return;
+        }
+        lock.lock();
+      }
+    });
+  }
+
+#if DKIT_WITH_GLOO
+  std::shared_ptr<::gloo::transport::Device> gloo_device() const {
+    if (const char* names = std::getenv("GLOO_SOCKET_IFNAME")) {
+      const std::string name = std::string(names).substr(0, std::string(names).find(','));
+      try {
+        return c10d::ProcessGroupGloo::createDeviceForInterface(name);
+      } catch (const std::exception& e) {
+        throw Error("GLOO_SOCKET_IFNAME='" + std::string(names) + "': cannot use interface '" + name +
+                    "': " + message_of(e));
+      }
+    }
+    return c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(master_ip, launch.master_port));
+  }
+#endif
+
+  void create_backend() {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dkit/" + backend, store);
+    const int rank = static_cast<int>(launch.rank);
+    const int size = static_cast<int>(launch.world_size);
+    if (backend == "gloo") {
+#if DKIT_WITH_GLOO
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+      gloo_options->devices.push_back(gloo_device());
+      gloo_options->threads = 2;
+      group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
+#endif
+    } else {
+#if DKIT_WITH_NCCL
+      group = make_nccl(prefixed, rank, size, device, options.timeout());
+#endif
+    }
+    TORCH_INTERNAL_ASSERT(group, "no c10d backend was created for '", backend, "'");
+  }
+
+  void wait(c10d::Work& work, const std::string& what, ProcessGroupContext& self) {
+    try {
+      work.wait(options.timeout() + std::chrono::seconds(10));
+    } catch (const std::exception& e) {
+      throw Error(self.explain_failure(what, message_of(e)));
+    }
+  }
+
+  std::vector<int64_t> heartbeats() {
+    std::vector<int64_t> counts;
+    for (int64_t r = 0; r < launch.world_size; ++r) {
+      counts.push_back(store->add(key("heartbeat", r), 0));
+    }
+    return counts;
+  }
+};
+
+ProcessGroupContext::ProcessGroupContext(const LaunchEnvironment& launch, const Device& device,
+                                         ProcessGroupOptions options)
+    : impl_(std::make_unique<Impl>(launch, device, std::move(options))) {
+  Impl& s = *impl_;
+  s.backend = resolve_backend(s.options.backend(), device);
+  s.master_ip = resolve_host(launch.master_addr, "MASTER_ADDR");
+  s.rendezvous = s.master_ip + ":" + std::to_string(launch.master_port);
+  s.join();
+  s.start_heartbeat();
+  try {
+    s.create_backend();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(explain_failure("connecting the " + s.backend + " backend", message_of(e)));
+  }
+}
+
+ProcessGroupContext::~ProcessGroupContext() = default;
+
+int64_t ProcessGroupContext::rank() const {
+  return impl_->launch.rank;
+}
+
+int64_t ProcessGroupContext::world_size() const {
+  return impl_->launch.world_size;
+}
+
+const LaunchEnvironment& ProcessGroupContext::launch() const {
+  return impl_->launch;
+}
+
+const Device& ProcessGroupContext::device() const {
+  return impl_->device;
+}
+
+const std::string& ProcessGroupContext::backend() const {
+  return impl_->backend;
+}
+
+std::chrono::milliseconds ProcessGroupContext::timeout() const {
+  return impl_->options.timeout();
+}
+
+void ProcessGroupContext::broadcast(const std::vector<at::Tensor>& tensors, const std::string& what) {
+  for (const auto& tensor : tensors) {
+    TORCH_INTERNAL_ASSERT(tensor.is_contiguous() && tensor.device() == impl_->device,
+                          "broadcast needs contiguous tensors on ", impl_->device.str());
+    std::vector<at::Tensor> one{tensor};
+    c10d::BroadcastOptions broadcast_options;
+    broadcast_options.rootRank = 0;
+    auto work = impl_->group->broadcast(one, broadcast_options);
+    impl_->wait(*work, what, *this);
+  }
+}
+
+void ProcessGroupContext::allreduce_sum(const at::Tensor& tensor, const std::string& what) {
+  PendingCollective pending = allreduce_sum_async(tensor, what);
+  wait(pending);
+}
+
+std::vector<double> ProcessGroupContext::allreduce_sum(const std::vector<double>& values, const std::string& what) {
+  auto tensor = torch::tensor(values, torch::kFloat64).to(impl_->device);
+  allreduce_sum(tensor, what);
+  const auto host = tensor.to(torch::kCPU);
+  note_host_sync();
+  const double* data = host.data_ptr<double>();
+  return {data, data + host.numel()};
+}
+
+void ProcessGroupContext::barrier(const std::string& what) {
+  allreduce_sum(std::vector<double>{1.0}, what);
+}
+
+PendingCollective ProcessGroupContext::allreduce_sum_async(const at::Tensor& tensor, std::string what) {
+  TORCH_INTERNAL_ASSERT(tensor.is_contiguous() && tensor.device() == impl_->device,
+                        "allreduce needs a contiguous tensor on ", impl_->device.str());
+  std::vector<at::Tensor> one{tensor};
+  c10d::AllreduceOptions allreduce_options;
+  allreduce_options.reduceOp = c10d::ReduceOp::SUM;
+  PendingCollective pending;
+  pending.impl_ = std::make_unique<PendingCollective::Impl>();
+  pending.impl_->what = std::move(what);
+  try {
+    pending.impl_->work = impl_->group->allreduce(one, allreduce_options);
+  } catch (const std::exception& e) {
+    throw Error(explain_failure(pending.impl_->what, message_of(e)));
+  }
+  return pending;
+}
+
+void ProcessGroupContext::wait(PendingCollective& pending) {
+  TORCH_INTERNAL_ASSERT(pending.pending(), "wait() on a collective that was not started or was already waited for");
+  auto work = std::move(pending.impl_->work);
+  impl_->wait(*work, pending.impl_->what, *this);
+}
+
+void ProcessGroupContext::publish_failure(const std::string& message) noexcept {
+  try {
+    impl_->store->set(key("failed", impl_->launch.rank), bytes(message));
+  } catch (...) {
+    // The store may be gone with rank 0: the other ranks then say that.
+  }
+}
+
+std::string ProcessGroupContext::explain_failure(const std::string& what, const std::string& error) {
+  Impl& s = *impl_;
+  const int64_t me = s.launch.rank;
+  std::string cause;
+  try {
+    for (int64_t r = 0; r < s.launch.world_size && cause.empty(); ++r) {
+      if (r != me && s.store->check({key("failed", r)})) {
+        cause = s.member(r) + " failed: " + text(s.store->get(key("failed", r)));
+      }
+    }
+    if (cause.empty()) {
+      const auto period = s.options.heartbeat() * 3;
+      const auto before = s.heartbeats();
+      std::this_thread::sleep_for(period);
+      const auto after = s.heartbeats();
+      std::vector<int64_t> silent;
+      for (int64_t r = 0; r < s.launch.world_size; ++r) {
+        if (r != me && after[r] == before[r]) {
+          silent.push_back(r);
+        }
+      }
+      if (silent.size() == 1) {
+        cause = s.member(silent[0]) + " is gone: its heartbeat stopped (none for " + seconds(period) + ")";
+      } else if (!silent.empty()) {
+        cause = rank_list(silent) + " of " + std::to_string(s.launch.world_size) +
+                " are gone: their heartbeats stopped (none for " + seconds(period) + ")";
+      } else {
+        cause = "every rank's heartbeat is still beating, so no process died: a rank is stuck or the network "
+                "failed";
+      }
+    }
+  } catch (const std::exception&) {
+    if (s.launch.agent_store) {
+      cause = "the rendezvous store of torchrun's agent at " + s.rendezvous + " no longer answers (is torchrun gone?)";
+    } else if (me == 0) {
+      cause = "the rendezvous store this rank hosts stopped answering";
+    } else {
+      cause = s.member(0) + " is gone: the rendezvous store it hosted at " + s.rendezvous + " no longer answers";
+    }
+  }
+  const std::string backend_name = s.backend == "nccl" ? "NCCL" : "Gloo";
+  return cause + "; rank " + std::to_string(me) + " stops: " + what + " failed. " + backend_name + " said: " + error;
+}
+
+} // namespace dkit

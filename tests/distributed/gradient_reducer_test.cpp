@@ -1,0 +1,170 @@
+#include <dkit/distributed/gradient_reducer.h>
+
+#include <dkit/distributed/process_group.h>
+#include <dkit/model/mlp.h>
+
+#include "../support.h"
+#include "network.h"
+
+namespace dkit {
+namespace {
+
+using namespace std::chrono_literals;
+
+class GradientReducerTest : public test::SeedingFixture {
+ protected:
+  GradientReducerTest() {
+    x_ = torch::randn({12, 6});
+    y_ = torch::randint(0, 3, {12});
+  }
+
+  /// The same freshly initialised network each time.
+  static Mlp network() {
+    torch::manual_seed(1);
+    return Mlp(MlpOptions(6, {10, 8}, 3));
+  }
+
+  static at::Tensor loss_sum(Mlp& net, const at::Tensor& x, const at::Tensor& y) {
+    return torch::nn::functional::cross_entropy(
+        net->forward(x), y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+
+  /// Gradients of the mean loss over rows [0, rows) in one process, as a single run with the whole batch has them.
+  std::vector<at::Tensor> whole_batch_gradients(int64_t rows) {
+    Mlp net = network();
+    (loss_sum(net, x_.narrow(0, 0, rows), y_.narrow(0, 0, rows)) / static_cast<double>(rows)).backward();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : net->parameters()) {
+      grads.push_back(p.grad().clone());
+    }
+    return grads;
+  }
+
+  /// Two ranks, each with its own copy of the network and `rows[r]` of the batch (rank 0 first), the loss of each
+  /// divided by the global sample count; returns each rank's gradients after GradientReducer::synchronize().
+  std::vector<std::vector<at::Tensor>> reduced_gradients(const std::vector<int64_t>& rows,
+                                                         GradientReducerOptions options = {},
+                                                         std::vector<int64_t>* started = nullptr,
+                                                         std::vector<std::vector<int64_t>>* buckets = nullptr) {
+    std::vector<Mlp> nets{network(), network()};
+    std::vector<std::vector<at::Tensor>> grads(2);
+    const int port = test::free_port();
+    const double global = static_cast<double>(rows[0] + rows[1]);
+    const auto errors = test::run_ranks(
+        {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
+        [&](int64_t rank, ProcessGroupContext& group) {
+          auto group_ptr = std::shared_ptr<ProcessGroupContext>(&group, [](ProcessGroupContext*) {});
+          GradientReducer reducer(nets[rank]->parameters(), group_ptr, options);
+          const int64_t begin = rank == 0 ? 0 : rows[0];
+          for (int step = 0; step < 2; ++step) {
+            for (auto& p : nets[rank]->parameters()) {
+              p.mutable_grad() = at::Tensor();
+            }
+            (loss_sum(nets[rank], x_.narrow(0, begin, rows[rank]), y_.narrow(0, begin, rows[rank])) / global)
+                .backward();
+            reducer.synchronize();
+          }
+          for (const auto& p : nets[rank]->parameters()) {
+            grads[rank].push_back(p.grad().clone());
+          }
+          if (started != nullptr) {
+            (*started)[rank] = reducer.buckets_started_in_backward();
+          }
+          if (buckets != nullptr && rank == 0) {
+            *buckets = reducer.buckets();
+          }
+        },
+        ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+    EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+    return grads;
+  }
+
+  static double max_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+    }
+    return worst;
+  }
+
+  at::Tensor x_;
+  at::Tensor y_;
+};
+
+TEST_F(GradientReducerTest, SummedGradientsAreThoseOfTheWholeBatch) {
+  std::vector<int64_t> started(2);
+  std::vector<std::vector<int64_t>> buckets;
+  const auto grads = reduced_gradients({6, 6}, {}, &started, &buckets);
+  const auto expected = whole_batch_gradients(12);
+  EXPECT_LT(max_difference(grads[0], expected), 1e-6);
+  EXPECT_LT(max_difference(grads[1], expected), 1e-6);
+  EXPECT_EQ(max_difference(grads[0], grads[1]), 0.0) << "every rank must end with the same gradients";
+  EXPECT_EQ(buckets, (std::vector<std::vector<int64_t>>{{5, 4, 3, 2, 1, 0}}));
+  EXPECT_EQ(started, (std::vector<int64_t>{1, 1})) << "the bucket starts from the last gradient's hook";
+}
+
+TEST_F(GradientReducerTest, BucketsFollowTheReverseParameterOrderUnderTheirCaps) {
+  // Parameters, reversed: 4.bias 12 B, 4.weight 96 B, 2.bias 32 B, 2.weight 320 B, 0.bias 40 B, 0.weight 240 B.
+  std::vector<int64_t> started(2);
+  std::vector<std::vector<int64_t>> buckets;
+  const auto grads = reduced_gradients(
+      {6, 6}, GradientReducerOptions().first_bucket_cap_bytes(100).bucket_cap_bytes(400), &started, &buckets);
+  EXPECT_EQ(buckets, (std::vector<std::vector<int64_t>>{{5}, {4, 3}, {2, 1}, {0}}));
+  EXPECT_EQ(started, (std::vector<int64_t>{4, 4})) << "every bucket starts during backward";
+  EXPECT_LT(max_difference(grads[0], whole_batch_gradients(12)), 1e-6);
+}
+
+TEST_F(GradientReducerTest, ARankWithoutSamplesStillTakesPart) {
+  const auto grads = reduced_gradients({7, 0});
+  EXPECT_LT(max_difference(grads[0], whole_batch_gradients(7)), 1e-6);
+  EXPECT_EQ(max_difference(grads[0], grads[1]), 0.0);
+}
+
+TEST_F(GradientReducerTest, ParametersWithoutAGradientAreSummedAsZeros) {
+  const int port = test::free_port();
+  std::vector<at::Tensor> unused_grads(2);
+  std::vector<int64_t> started(2);
+  const auto errors = test::run_ranks(
+      {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
+      [&](int64_t rank, ProcessGroupContext& group) {
+        auto used = torch::ones({4}, torch::requires_grad());
+        auto unused = torch::ones({3}, torch::requires_grad());
+        GradientReducer reducer({used, unused}, std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}),
+                                GradientReducerOptions().first_bucket_cap_bytes(4));
+        (used * static_cast<double>(rank + 1)).sum().backward();
+        reducer.synchronize();
+        EXPECT_TRUE(torch::equal(used.grad(), torch::full({4}, 3.0f))) << used.grad();
+        unused_grads[rank] = unused.grad().clone();
+        started[rank] = reducer.buckets_started_in_backward();
+      },
+      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(torch::equal(unused_grads[r], torch::zeros({3}))) << unused_grads[r];
+    EXPECT_EQ(started[r], 0) << "the unused parameter's bucket comes first, so it and the next start afterwards";
+  }
+}
+
+TEST_F(GradientReducerTest, AGradientLeftFromBeforeIsRefused) {
+  const int port = test::free_port();
+  const auto errors = test::run_ranks(
+      {test::loopback_launch(0, 1, port)},
+      [&](int64_t, ProcessGroupContext& group) {
+        auto w = torch::ones({2}, torch::requires_grad());
+        GradientReducer reducer({w}, std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
+        (w * 2).sum().backward();
+        reducer.synchronize();
+        const std::string message = test::error_message([&] { (w * 2).sum().backward(); });
+        EXPECT_NE(message.find("GradientReducer: parameter 0 still has a gradient from before this backward; set every "
+                               ".grad to an undefined tensor (not zero) before backward, as zero_grad(set_to_none) "
+                               "does"),
+                  std::string::npos)
+            << message;
+      },
+      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+  EXPECT_EQ(errors, std::vector<std::string>{""});
+}
+
+} // namespace
+} // namespace dkit

@@ -1,0 +1,308 @@
+#include <dkit/checkpoint/training_checkpoint.h>
+
+#include "../process.h"
+#include "../support.h"
+#include "network.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#ifdef DKIT_APP_PATH
+
+namespace dkit {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using test::Process;
+
+/// Runs the real `dkit train` as several processes over loopback, the way torchrun or a user starting each rank by
+/// hand would.
+class DistributedTrainTest : public test::SeedingFixture {
+ protected:
+  DistributedTrainTest() {
+    // 1010 samples, 808 for training: 26 global batches of 32 per epoch, the last one of 8 samples, all of which
+    // rank 0 takes (rank 1 has none).
+    config_ = tmp_.file("config.yaml");
+    std::ofstream(config_) << "device: cpu\nthreads: 1\nseed: 3\n"
+                              "data: {source: synthetic, samples: 1010, features: 16, classes: 4, val_fraction: 0.2}\n"
+                              "model: {hidden: [32, 32], dropout: 0.0}\n"
+                              "train: {epochs: 3, batch_size: 16, optimizer: sgd, momentum: 0.9, lr: 0.05, "
+                              "log_every: 10, checkpoint_every: 0}\n"
+                              "dist: {timeout_seconds: 20}\n";
+  }
+
+  std::vector<std::string> train(const std::string& out, const std::vector<std::string>& sets = {}) const {
+    std::vector<std::string> args{DKIT_APP_PATH, "train", "--config", config_, "--out", out, "--no-progress"};
+    for (const auto& set : sets) {
+      args.push_back("--set");
+      args.push_back(set);
+    }
+    return args;
+  }
+
+  static std::vector<std::string> resume(const std::string& out, const std::vector<std::string>& sets = {}) {
+    std::vector<std::string> args{DKIT_APP_PATH, "train", "--resume", out, "--no-progress"};
+    for (const auto& set : sets) {
+      args.push_back("--set");
+      args.push_back(set);
+    }
+    return args;
+  }
+
+  static std::vector<std::string> rank_env(int rank, int world_size, int port) {
+    return {"RANK=" + std::to_string(rank),          "WORLD_SIZE=" + std::to_string(world_size),
+            "LOCAL_RANK=" + std::to_string(rank),    "LOCAL_WORLD_SIZE=" + std::to_string(world_size),
+            "MASTER_ADDR=127.0.0.1",                 "MASTER_PORT=" + std::to_string(port)};
+  }
+
+  /// Starts `argv_of(rank)` as each of `world_size` ranks.
+  std::vector<std::unique_ptr<Process>> start_ranks(int world_size,
+                                                    const std::function<std::vector<std::string>(int)>& argv_of,
+                                                    const std::string& name) {
+    const int port = test::free_port();
+    std::vector<std::unique_ptr<Process>> ranks;
+    for (int r = 0; r < world_size; ++r) {
+      ranks.push_back(std::make_unique<Process>(argv_of(r), tmp_.file(name + "-rank" + std::to_string(r)),
+                                                rank_env(r, world_size, port)));
+    }
+    return ranks;
+  }
+
+  /// Runs every rank to its end; expects each to succeed.
+  void run_ranks(int world_size, const std::function<std::vector<std::string>(int)>& argv_of, const std::string& name) {
+    auto ranks = start_ranks(world_size, argv_of, name);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      EXPECT_EQ(ranks[r]->wait(), 0) << name << " rank " << r << ":\n" << ranks[r]->err();
+    }
+  }
+
+  static StateDict weights(const std::string& run) {
+    return load_training_checkpoint(run + "/checkpoints/last.pt").model_state_dict;
+  }
+
+  /// The largest absolute difference between two state dicts with the same keys.
+  static double max_difference(const StateDict& a, const StateDict& b) {
+    EXPECT_EQ(a.keys(), b.keys());
+    double worst = 0;
+    for (const auto& item : a) {
+      if (b.contains(item.key())) {
+        worst = std::max(worst, (item.value() - b[item.key()]).abs().max().item<double>());
+      }
+    }
+    return worst;
+  }
+
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  /// Waits for `process` to end, at most `limit`; whether it did.
+  static bool wait_for(Process& process, std::chrono::seconds limit) {
+    const auto deadline = Clock::now() + limit;
+    while (!process.finished() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return process.finished();
+  }
+
+  /// Waits until `run`'s metrics.csv has `rows` data rows (training is well under way).
+  static bool wait_for_rows(const std::string& run, int rows, Process& process) {
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline && !process.finished()) {
+      std::ifstream csv(run + "/metrics.csv");
+      int lines = 0;
+      for (std::string line; std::getline(csv, line);) {
+        ++lines;
+      }
+      if (lines > rows) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+
+  test::TempDir tmp_;
+  std::string config_;
+};
+
+// Kept tight: the two runs differ only in how each step's gradient sum is split between two matrix products and
+// one addition, so the weights agree to float32 rounding after all 78 steps. Adam divides each gradient by the root
+// of its running square, which magnifies those rounding differences where that is small.
+constexpr double kTolerance = 1e-5;
+constexpr double kAdamTolerance = 1e-4;
+
+TEST_F(DistributedTrainTest, TwoRanksEndWithTheWeightsOfOneProcessWithTwiceTheBatch) {
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    const std::string single = tmp_.file("single-" + optimizer);
+    const std::string multi = tmp_.file("multi-" + optimizer);
+    ASSERT_EQ(test::run_process(train(single, {"train.batch_size=32", "train.optimizer=" + optimizer}), single), 0)
+        << read(single + ".err");
+    run_ranks(
+        2,
+        [&](int r) {
+          return train(r == 0 ? multi : multi + "-rank1", {"train.optimizer=" + optimizer});
+        },
+        "multi-" + optimizer);
+    EXPECT_FALSE(fs::exists(multi + "-rank1")) << "only rank 0 writes a run folder";
+    const StateDict a = weights(single);
+    const StateDict b = weights(multi);
+    for (const auto& key : b.keys()) {
+      EXPECT_NE(key.rfind("module.", 0), 0u) << key;
+    }
+    const double difference = max_difference(a, b);
+    std::cout << "[ MEASURED ] " << optimizer << ": largest weight difference, 2 ranks x 16 vs 1 x 32 after 78 steps: "
+              << difference << "\n";
+    RecordProperty("max_weight_difference_" + optimizer, std::to_string(difference));
+    EXPECT_LT(difference, optimizer == "adam" ? kAdamTolerance : kTolerance) << optimizer;
+    const auto single_checkpoint = load_training_checkpoint(single + "/checkpoints/last.pt");
+    const auto multi_checkpoint = load_training_checkpoint(multi + "/checkpoints/last.pt");
+    EXPECT_EQ(multi_checkpoint.step, 78);
+    EXPECT_EQ(multi_checkpoint.step, single_checkpoint.step);
+    EXPECT_EQ(multi_checkpoint.world_size, 2);
+    EXPECT_EQ(single_checkpoint.world_size, 1);
+    const std::string summary = read(multi + "/summary.json");
+    EXPECT_NE(summary.find("\"steps\":78,\"samples\":2424,"), std::string::npos) << summary;
+  }
+}
+
+TEST_F(DistributedTrainTest, CheckpointsMoveBetweenOneAndTwoProcesses) {
+  const std::string reference = tmp_.file("reference");
+  ASSERT_EQ(test::run_process(train(reference, {"train.batch_size=32"}), reference), 0) << read(reference + ".err");
+  const StateDict expected = weights(reference);
+
+  // Two ranks stop at step 30 (epoch 2, batch 4); one process continues with the same global batch.
+  const std::string from_two = tmp_.file("from-two");
+  run_ranks(2, [&](int) { return train(from_two, {"train.max_steps=30"}); }, "from-two");
+  EXPECT_EQ(load_training_checkpoint(from_two + "/checkpoints/last.pt").step, 30);
+  const std::string single_copy = tmp_.file("from-two-copy");
+  fs::copy(from_two, single_copy, fs::copy_options::recursive);
+  ASSERT_EQ(test::run_process(resume(from_two, {"train.batch_size=32", "train.max_steps=0"}), from_two + "-resumed"), 0)
+      << read(from_two + "-resumed.err");
+  EXPECT_LT(max_difference(weights(from_two), expected), kTolerance);
+
+  // One process stops at step 30; two ranks, both reading its checkpoint folder, continue.
+  const std::string from_one = tmp_.file("from-one");
+  ASSERT_EQ(test::run_process(train(from_one, {"train.batch_size=32", "train.max_steps=30"}), from_one), 0)
+      << read(from_one + ".err");
+  run_ranks(2, [&](int) { return resume(from_one, {"train.batch_size=16", "train.max_steps=0"}); }, "from-one");
+  EXPECT_LT(max_difference(weights(from_one), expected), kTolerance);
+  EXPECT_EQ(load_training_checkpoint(from_one + "/checkpoints/last.pt").world_size, 2);
+
+  // One process with half the global batch continues the two ranks' epoch at the same sample.
+  ASSERT_EQ(test::run_process(resume(single_copy, {"train.max_steps=0"}), single_copy + "-resumed"), 0)
+      << read(single_copy + "-resumed.err");
+  EXPECT_NE(read(single_copy + "/train.log")
+                .find("the global batch changed from 32 to 16: epoch 2 continues at batch 8 (after sample 128)"),
+            std::string::npos);
+}
+
+TEST_F(DistributedTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
+  const std::vector<std::string> longer = {"train.epochs=40", "train.checkpoint_every=0"};
+  const std::string reference = tmp_.file("reference");
+  run_ranks(2, [&](int) { return train(reference, longer); }, "reference");
+  const std::string run = tmp_.file("run");
+  auto ranks = start_ranks(2, [&](int) { return train(run, longer); }, "run");
+  ASSERT_TRUE(wait_for_rows(run, 3, *ranks[0])) << "the run ended before it could be signalled";
+  ranks[1]->signal(SIGTERM);
+  EXPECT_EQ(ranks[0]->wait(), 143) << ranks[0]->err();
+  EXPECT_EQ(ranks[1]->wait(), 143) << ranks[1]->err();
+  const std::string err = ranks[0]->err();
+  EXPECT_NE(err.find("dkit: stopped by signal 15 after step "), std::string::npos) << err;
+  EXPECT_EQ(ranks[1]->out(), "") << "only rank 0 prints the summary";
+  const auto stopped = load_training_checkpoint(run + "/checkpoints/last.pt");
+  EXPECT_GT(stopped.step, 0);
+  EXPECT_LT(stopped.step, 40 * 26);
+  EXPECT_NE(err.find("after step " + std::to_string(stopped.step) + ";"), std::string::npos) << err;
+  run_ranks(2, [&](int) { return resume(run); }, "resumed");
+  EXPECT_EQ(max_difference(weights(run), weights(reference)), 0.0) << "a resumed two-rank run continues exactly";
+}
+
+TEST_F(DistributedTrainTest, AKilledRankMakesTheOtherFailNamingIt) {
+  for (const int victim : {1, 0}) {
+    const std::string run = tmp_.file("run" + std::to_string(victim));
+    auto ranks = start_ranks(2, [&](int) { return train(run, {"train.epochs=1000"}); }, "kill" + std::to_string(victim));
+    ASSERT_TRUE(wait_for_rows(run, 2, *ranks[0])) << ranks[0]->err();
+    const int survivor = 1 - victim;
+    ranks[victim]->signal(SIGKILL);
+    const auto killed = Clock::now();
+    ASSERT_TRUE(wait_for(*ranks[survivor], std::chrono::seconds(20 + 30)))
+        << "rank " << survivor << " still runs 50 s after rank " << victim << " was killed (dist.timeout_seconds 20)";
+    const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+    std::cout << "[ MEASURED ] rank " << survivor << " exited " << seconds << " s after rank " << victim
+              << " was killed\n";
+    EXPECT_EQ(ranks[survivor]->wait(), 1);
+    const std::string err = ranks[survivor]->err();
+    const std::string lost = "\ndkit: error: rank " + std::to_string(victim) + " of 2 (host ";
+    EXPECT_NE(("\n" + err).find(lost), std::string::npos) << err;
+    const std::string why = victim == 1 ? ") is gone: its heartbeat stopped"
+                                        : ") is gone: the rendezvous store it hosted at 127.0.0.1:";
+    EXPECT_NE(err.find(why), std::string::npos) << err;
+    EXPECT_NE(err.find("; rank " + std::to_string(survivor) + " stops: the "), std::string::npos) << err;
+    std::cout << "[ MESSAGE  ] " << err.substr(err.find("dkit: error:"));
+  }
+}
+
+TEST_F(DistributedTrainTest, BadRendezvousVariablesAreNamed) {
+  const std::string run = tmp_.file("bad");
+  Process bad_port(train(run), run, {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1",
+                                     "MASTER_PORT=70000"});
+  EXPECT_EQ(bad_port.wait(), 1);
+  EXPECT_EQ(bad_port.err(), "dkit: error: MASTER_PORT=70000 is not a TCP port: it must be in [1, 65535]\n");
+
+  Process no_host(train(run), run + "-host", {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1",
+                                              "MASTER_ADDR=no-such-host.invalid", "MASTER_PORT=29500"});
+  EXPECT_EQ(no_host.wait(), 1);
+  EXPECT_EQ(no_host.err().rfind("dkit: error: MASTER_ADDR='no-such-host.invalid' cannot be resolved: ", 0), 0u)
+      << no_host.err();
+
+  const int port = test::free_port();
+  Process alone(train(run, {"dist.timeout_seconds=1"}), run + "-alone", rank_env(1, 2, port));
+  EXPECT_EQ(alone.wait(), 1);
+  const std::string p = std::to_string(port);
+  // c10d's own log line about the timeout may come first.
+  EXPECT_NE(alone.err().find("dkit: error: rank 1 could not reach the rendezvous store at MASTER_ADDR=127.0.0.1 "
+                             "MASTER_PORT=" + p + " (127.0.0.1:" + p + ") within 1 s (dist.timeout_seconds): is "
+                             "rank 0 running there? "),
+            std::string::npos)
+      << alone.err();
+  EXPECT_FALSE(fs::exists(run)) << "a run that never joined writes nothing";
+}
+
+TEST_F(DistributedTrainTest, TorchrunStartsTheRanks) {
+  const char* torchrun = "/usr/bin/torchrun";
+  if (!fs::exists(torchrun)) {
+    GTEST_SKIP() << torchrun << " is absent (Debian: python3-torch): this test runs dkit under torchrun";
+  }
+  const std::string run = tmp_.file("torchrun");
+  // Underscored options, which every torchrun accepts (1.13 knows no other spelling). `--redirects 1 --tee 1`
+  // avoids torchrun 1.13's crash under Python 3.11 with its default of 0 ("'NoneType' object has no attribute
+  // 'get'"): stdout is also kept in torchrun's log folder, and still shown.
+  std::vector<std::string> args{torchrun, "--nproc_per_node=2", "--no_python",
+                                "--master_port=" + std::to_string(test::free_port()),
+                                "--redirects", "1", "--tee", "1",
+                                "--log_dir", tmp_.file("torchrun-logs")};
+  for (const auto& arg : train(run, {"train.epochs=1"})) {
+    args.push_back(arg);
+  }
+  Process launcher(args, run);
+  ASSERT_TRUE(wait_for(launcher, std::chrono::seconds(120))) << "torchrun did not finish within 120 s";
+  EXPECT_EQ(launcher.wait(), 0) << launcher.out() << launcher.err();
+  const std::string summary = read(run + "/summary.json");
+  EXPECT_NE(summary.find("\"steps\":26,\"samples\":808,"), std::string::npos) << summary << launcher.err();
+  EXPECT_NE(read(run + "/train.log").find("x 2 processes (gloo, global batch 32)"), std::string::npos);
+}
+
+} // namespace
+} // namespace dkit
+
+#endif
