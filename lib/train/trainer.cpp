@@ -640,7 +640,7 @@ struct Trainer::Impl {
                                           data_description, loader->batches_per_epoch(), config.batch_size,
                                           out_dir.string());
     log->info("{}", start);
-    total_steps = config.epochs * loader->batches_per_epoch();
+    total_steps = step + (config.epochs - epoch) * loader->batches_per_epoch() - epoch_step;
     if (config.max_steps > 0) {
       total_steps = std::min(total_steps, config.max_steps);
     }

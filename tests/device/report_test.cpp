@@ -6,6 +6,8 @@
 
 #include "../support.h"
 
+#include <map>
+
 namespace dkit {
 namespace {
 
@@ -129,6 +131,27 @@ TEST(DeviceReportTest, DescribesThisProcess) {
   EXPECT_FALSE(report.blas.name.empty());
   ASSERT_FALSE(report.capabilities.empty());
   EXPECT_EQ(report.capabilities[0].name, "cuda");
+}
+
+TEST(DeviceReportTest, ListsWhatTheBuildOffersForSeveralProcessesAndGpus) {
+  const DeviceReport report = device_report();
+  std::map<std::string, Capability> found;
+  for (const auto& capability : report.capabilities) {
+    found[capability.name] = capability;
+  }
+  ASSERT_EQ(found.count("gloo"), 1u);
+  ASSERT_EQ(found.count("nccl"), 1u);
+  ASSERT_EQ(found.count("data_parallel"), 1u);
+  EXPECT_EQ(found["gloo"].available, DKIT_WITH_GLOO == 1);
+  EXPECT_EQ(found["nccl"].available, DKIT_WITH_NCCL == 1);
+  EXPECT_EQ(found["data_parallel"].available, DKIT_WITH_DATA_PARALLEL == 1);
+  for (const auto& [name, capability] : found) {
+    EXPECT_FALSE(capability.note.empty()) << name;
+  }
+  const std::string text = format_report(report);
+  EXPECT_NE(text.find(std::string("gloo ") + (DKIT_WITH_GLOO ? "yes" : "no")), std::string::npos) << text;
+  EXPECT_NE(text.find(std::string("data_parallel ") + (DKIT_WITH_DATA_PARALLEL ? "yes" : "no")), std::string::npos)
+      << text;
 }
 
 TEST(DeviceReportTest, TextReportSaysWhyCudaIsUnavailable) {

@@ -1,6 +1,7 @@
 #include <dkit/train/trainer.h>
 
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/distributed/data_parallel.h>
 #include <dkit/metrics/host_sync.h>
 
 #include "../support.h"
@@ -8,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace dkit {
 namespace {
@@ -149,6 +151,43 @@ TEST_F(TrainerTest, ResumeOnChangedDataIsRefused) {
   EXPECT_EQ(message.rfind("cannot resume from test: the training data changed since it was written (checksum fnv1a64:", 0),
             0u)
       << message;
+}
+
+TEST_F(TrainerTest, ResumeWithAnotherBatchSizeContinuesAtTheSameSample) {
+  train(small({"train.max_steps=4"}), tmp_.file("run"));
+  const auto found = CheckpointFolder(tmp_.file("run")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->checkpoint.world_size, 1);
+  const TrainSummary rest = train(small({"train.batch_size=32"}), tmp_.file("run"),
+                                  std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+  EXPECT_EQ(rest.steps, 4 + 3 + 2 * 5) << "64 samples were done: 3 batches of 32 finish epoch 1, then 2 epochs of 5";
+  std::ifstream log(tmp_.file("run/train.log"));
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_NE(text.str().find("the global batch changed from 16 to 32: epoch 1 continues at batch 2 (after sample 64)"),
+            std::string::npos);
+}
+
+TEST_F(TrainerTest, ResumeBetweenTwoBatchesOfTheNewSizeIsRefused) {
+  train(small({"train.max_steps=3"}), tmp_.file("run"));
+  const auto found = CheckpointFolder(tmp_.file("run")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(error_message([&] {
+              train(small({"train.batch_size=32"}), tmp_.file("run"),
+                    std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+            }),
+            "cannot resume from test: it stopped after 3 global batches of 16 (1 process(es) x train.batch_size 16) in "
+            "epoch 1, 48 samples, which is no whole number of this run's global batches of 32 (1 process(es) x "
+            "train.batch_size 32); resume with a global batch of 16");
+}
+
+TEST_F(TrainerTest, DataParallelWhereLibTorchCannotIsAnError) {
+  if (data_parallel_available()) {
+    GTEST_SKIP() << "this build has DataParallel";
+  }
+  EXPECT_EQ(error_message([&] { train(small({"dist.data_parallel=true"}), tmp_.file("run")); }),
+            "dist.data_parallel is not available: " + data_parallel_unavailable_reason() +
+                " (see `dkit devices`); set dist.data_parallel: false");
 }
 
 TEST_F(TrainerTest, RunFolderWhoseParentIsMissingIsAnError) {
