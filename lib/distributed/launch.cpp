@@ -28,9 +28,8 @@ int64_t integer(const std::string& text, const char* name) {
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  DKIT_CHECK(!text.empty() && end == text.c_str() + text.size() && errno == 0 && text.find_first_of(" \t") ==
-                                                                                    std::string::npos,
-             name, "='", text, "' is not an integer");
+  const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+  DKIT_CHECK(whole && text.find_first_of(" \t") == std::string::npos, name, "='", text, "' is not an integer");
   return value;
 }
 
