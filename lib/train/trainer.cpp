@@ -277,8 +277,6 @@ struct Trainer::Impl {
                        .placement(parse_placement(config.placement))
                        .prefetch(config.prefetch)
                        .seed(static_cast<uint64_t>(config.seed)));
-    DKIT_CHECK(loader->batches_per_epoch() > 0, "data: ", train.size(), " training samples make no batch of ",
-               config.batch_size, " with loader.drop_last; lower train.batch_size");
     log->info("split: {} training, {} validation samples; {} batches of {} per epoch, loader placement {}",
               train.size(), parts.val.size(), loader->batches_per_epoch(), config.batch_size,
               to_string(loader->placement()));
