@@ -15,7 +15,6 @@
 
 #include <torch/torch.h>
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -40,12 +39,6 @@ void on_stop_signal(int signal) {
     _exit(128 + signal);
   }
   g_stop_signal.store(signal);
-}
-
-int affinity_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 std::string data_checksum(const Dataset& data) {
@@ -435,7 +428,7 @@ struct Trainer::Impl {
   }
 
   TrainSummary train() {
-    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : affinity_cpus()));
+    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : std::max(cpu_count(), 1)));
     device = parse_device(config.device);
     torch::manual_seed(static_cast<uint64_t>(config.seed));
     summary.device = device.str();
