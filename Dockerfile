@@ -65,7 +65,8 @@ RUN cmake --install build --prefix /stage/usr/local --component dkit_runtime \
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-ubuntu${UBUNTU_VERSION} AS runtime-cuda
 FROM debian:bookworm-slim AS runtime-cpu
 
-# ---- The image: the runtime base, dkit, the packages it loads, a non-root user.
+# ---- The image: the runtime base, dkit, the packages it loads, a non-root user. /data is the example data, so
+# that configs/digits.yaml mounted at /configs finds its `../data/digits.csv`.
 FROM runtime-${DKIT_VARIANT} AS runtime
 COPY --from=build /stage/ /
 RUN apt-get update -q \
@@ -73,6 +74,7 @@ RUN apt-get update -q \
       $(cat /usr/local/share/dkit/runtime-packages.txt) \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 --shell /bin/bash dkit \
+ && ln -s /usr/local/share/dkit/data /data \
  && dkit --version
 USER dkit
 WORKDIR /home/dkit

@@ -5,6 +5,7 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/core/json.h>
+#include <dkit/data/dataset.h>
 #include <dkit/device/device.h>
 
 #include <cxxopts.hpp>
@@ -37,42 +38,6 @@ std::string format_of(const PickleValue& root, std::string& state_dict_key) {
     return state_dict_key.empty() ? "state_dict" : "general_checkpoint";
   }
   return "pickle";
-}
-
-// A minimal reader for `predict`'s input: numbers only, no header, one sample per row.
-at::Tensor read_rows(const std::string& path, int64_t columns) {
-  std::ifstream in(path);
-  DKIT_CHECK(in, path, ": cannot open: ", std::strerror(errno));
-  std::vector<float> values;
-  std::string line;
-  int64_t rows = 0;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') {
-      line.pop_back();
-    }
-    if (line.find_first_not_of(" \t") == std::string::npos) {
-      continue;
-    }
-    std::istringstream cells(line);
-    std::string cell;
-    int64_t count = 0;
-    while (std::getline(cells, cell, ',')) {
-      ++count;
-      const auto begin = cell.find_first_not_of(" \t");
-      const auto end = cell.find_last_not_of(" \t");
-      const std::string text = begin == std::string::npos ? "" : cell.substr(begin, end - begin + 1);
-      char* stop = nullptr;
-      const double value = std::strtod(text.c_str(), &stop);
-      DKIT_CHECK(!text.empty() && stop == text.c_str() + text.size(), path, ":", number, ": cell ", count, " '",
-                 text, "' is not a number");
-      values.push_back(static_cast<float>(value));
-    }
-    DKIT_CHECK(count == columns, path, ":", number, ": ", count, " values, but the model takes ", columns,
-               " inputs");
-    ++rows;
-  }
-  DKIT_CHECK(rows > 0, path, ": no rows to predict");
-  return torch::from_blob(values.data(), {rows, columns}, torch::kFloat).clone();
 }
 
 void write_logits(std::ostream& out, const at::Tensor& logits) {
@@ -205,7 +170,10 @@ int run_predict(Args args) {
   const LoadedMlp model =
       load_mlp(result["checkpoint"].as<std::string>(),
                LoadMlpOptions().device(device).activation(parse_activation(result["activation"].as<std::string>())));
-  const at::Tensor inputs = read_rows(result["input"].as<std::string>(), model.net->options.in_features());
+  const std::string input = result["input"].as<std::string>();
+  const at::Tensor inputs = read_csv(input, CsvOptions().has_labels(false)).features;
+  DKIT_CHECK(inputs.size(1) == model.net->options.in_features(), input, ": ", inputs.size(1),
+             " values per row, but the model takes ", model.net->options.in_features(), " inputs");
   const at::Tensor logits = model.predict(inputs);
   if (result.count("output") == 0) {
     write_logits(std::cout, logits);

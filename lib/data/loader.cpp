@@ -131,6 +131,8 @@ struct Loader::Impl {
     global_batch = options.batch_size() * options.world_size();
     batches = options.drop_last() ? n / global_batch : (n + global_batch - 1) / global_batch;
     used = options.drop_last() ? batches * global_batch : n;
+    DKIT_CHECK(batches > 0, "loader drop_last leaves no batch: ", n, " samples are fewer than a global batch of ",
+               global_batch, " (batch_size ", options.batch_size(), " x world_size ", options.world_size(), ")");
     placement = resolve_placement(options.placement(), device);
     threaded = placement == Placement::kPinned;
     pinned = threaded && device.is_cuda();

@@ -97,7 +97,7 @@ struct Batch {
 /// ```
 /// A Loader is used from one thread. A Batch may be kept as long as wanted; with kPinned on the CPU its tensors are
 /// the ring's buffers, and a buffer still referenced when its turn comes again is replaced by a new one rather
-/// than overwritten.
+/// than overwritten. Treat batches as read-only: unshuffled kDevice batches are views of the data set itself.
 class Loader {
  public:
   /// A loader over `data` (float32 features, as after Normalization::apply) delivering batches on `device`.

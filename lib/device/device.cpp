@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <charconv>
@@ -63,6 +64,15 @@ Device gpu(int64_t i) {
 
 int64_t num_gpus() {
   return static_cast<int64_t>(torch::cuda::device_count());
+}
+
+int cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    return 0;
+  }
+  return CPU_COUNT(&set);
 }
 
 Device try_gpu(int64_t i) {

@@ -33,6 +33,9 @@ Device gpu(int64_t i = 0);
 /// How many CUDA devices this process can use; 0 on a build without CUDA or with no visible GPU.
 int64_t num_gpus();
 
+/// CPUs this process may run on (its affinity mask), which may be fewer than the machine has; 0 when unknown.
+int cpu_count();
+
 /// `cuda:i` if that GPU exists, otherwise the CPU.
 Device try_gpu(int64_t i = 0);
 

@@ -9,7 +9,6 @@
 
 #include <dlfcn.h>
 #include <link.h>
-#include <sched.h>
 
 #include <climits>
 #include <cstdlib>
@@ -74,15 +73,6 @@ std::string mib(int64_t bytes) {
   std::ostringstream out;
   out << bytes / (1024 * 1024) << " MiB";
   return out.str();
-}
-
-int affinity_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
-    return 0;
-  }
-  return CPU_COUNT(&set);
 }
 
 std::vector<Capability> build_capabilities() {
@@ -286,7 +276,7 @@ DeviceReport device_report() {
   }
   report.cpu_threads = at::get_num_threads();
   report.interop_threads = at::get_num_interop_threads();
-  report.cpus_available = affinity_cpus();
+  report.cpus_available = cpu_count();
   report.blas = blas_info();
   report.capabilities = build_capabilities();
   report.warnings = performance_warnings(report.blas, report.cpu_threads, report.cpus_available);

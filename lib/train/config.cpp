@@ -197,7 +197,7 @@ const std::vector<KeySpec>& key_specs() {
                    DKIT_FIELD(train.keep_checkpoints), read_int),
       key<std::string>("loader.placement", "string", "auto",
                        "`device` (whole data set on the device), `pinned` (prefetched through reused pinned "
-                       "buffers), `pageable`, or `auto` (device when the data set fits easily, else pinned on CUDA)",
+                       "buffers), `pageable`, or `auto` (pinned on a GPU, device on the CPU)",
                        DKIT_FIELD(loader.placement), read_string),
       key<int64_t>("loader.prefetch", "int", "2", "batches prepared ahead by the loader thread (pinned ring slots)",
                    DKIT_FIELD(loader.prefetch), read_int),

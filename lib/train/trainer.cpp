@@ -19,7 +19,6 @@
 
 #include <torch/torch.h>
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -44,12 +43,6 @@ void on_stop_signal(int signal) {
     _exit(128 + signal);
   }
   g_stop_signal.store(signal);
-}
-
-int affinity_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 std::string data_checksum(const Dataset& data) {
@@ -320,8 +313,6 @@ struct Trainer::Impl {
                        .seed(static_cast<uint64_t>(config.seed))
                        .rank(rank)
                        .world_size(world_size));
-    DKIT_CHECK(loader->batches_per_epoch() > 0, "data: ", train.size(), " training samples make no batch of ",
-               config.batch_size * world_size, " with loader.drop_last; lower train.batch_size");
     if (group) {
       log->info("split: {} training, {} validation samples; {} global batches of {} per epoch ({} processes of {}), "
                 "loader placement {}",
@@ -600,9 +591,9 @@ struct Trainer::Impl {
   }
 
   TrainSummary train() {
-    const int64_t cpus = group ? std::max<int64_t>(1, affinity_cpus() / group->launch().local_world_size)
-                               : affinity_cpus();
-    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : cpus));
+    const int64_t cpus = std::max<int64_t>(cpu_count(), 1);
+    const int64_t share = group ? std::max<int64_t>(1, cpus / group->launch().local_world_size) : cpus;
+    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : share));
     device = group ? group->device() : parse_device(config.device);
     torch::manual_seed(static_cast<uint64_t>(config.seed));
     summary.device = device.str();

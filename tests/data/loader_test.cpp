@@ -313,6 +313,9 @@ TEST_F(LoaderTest, RejectsBadOptions) {
   empty.labels = empty.labels.narrow(0, 0, 0);
   EXPECT_EQ(error_message([&] { Loader(empty, cpu(), LoaderOptions(2)); }),
             "cannot load batches from an empty data set (indexed)");
+  EXPECT_EQ(error_message([] { Loader(indexed(10), cpu(), LoaderOptions(3).world_size(4).drop_last(true)); }),
+            "loader drop_last leaves no batch: 10 samples are fewer than a global batch of 12 (batch_size 3 x "
+            "world_size 4)");
   Loader loader(indexed(10), cpu(), LoaderOptions(3));
   EXPECT_EQ(error_message([&] { loader.next(); }), "Loader::next() called before start_epoch()");
   EXPECT_EQ(error_message([&] { loader.start_epoch(0, 5); }), "cannot skip 5 batches of epoch 0: it has 4");

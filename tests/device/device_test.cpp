@@ -5,6 +5,8 @@
 
 #include "../support.h"
 
+#include <sched.h>
+
 namespace dkit {
 namespace {
 
@@ -24,6 +26,14 @@ TEST_F(DeviceTest, NumGpusMatchesLibTorch) {
   if (!DKIT_WITH_CUDA) {
     EXPECT_EQ(num_gpus(), 0);
   }
+}
+
+TEST_F(DeviceTest, CpuCountIsTheAffinityMask) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(cpu_count(), CPU_COUNT(&set));
+  EXPECT_GE(cpu_count(), 1);
 }
 
 TEST_F(DeviceTest, TryGpuFallsBackToCpuForMissingIndex) {

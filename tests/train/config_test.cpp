@@ -167,5 +167,16 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
   EXPECT_EQ(names.size(), 31u);
 }
 
+TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {
+  std::ifstream in(std::string(DKIT_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(in.good());
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& key : config_keys()) {
+    const std::string quoted = key.default_value.front() == '(' ? key.default_value : "`" + key.default_value + "`";
+    const std::string row = "| `" + key.name + "` | " + key.type + " | " + quoted + " | " + key.meaning + " |";
+    EXPECT_NE(readme.find(row), std::string::npos) << "README.md lacks the row\n" << row;
+  }
+}
+
 } // namespace
 } // namespace dkit
