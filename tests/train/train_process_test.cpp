@@ -54,11 +54,27 @@ class TrainProcessTest : public test::SeedingFixture {
     return true;
   }
 
-  /// Trains without interruption into `reference`; returns how long the whole command took.
-  double train_reference() {
+  /// How long the uninterrupted reference run took: until its first checkpoint, and in all.
+  struct Timing {
+    double first_checkpoint = 0;
+    double total = 0;
+  };
+
+  /// Trains without interruption into `reference`, timing it.
+  Timing train_reference() {
     const auto start = Clock::now();
     Process reference(train(tmp_.file("reference")), tmp_.file("reference"));
+    const Timing timing{wait_for_checkpoint(tmp_.file("reference"), reference), 0};
     EXPECT_EQ(reference.wait(), 0) << reference.err();
+    return {timing.first_checkpoint, std::chrono::duration<double>(Clock::now() - start).count()};
+  }
+
+  /// Seconds until `run`'s first checkpoint appears (or the process ends).
+  static double wait_for_checkpoint(const std::string& run, Process& process) {
+    const auto start = Clock::now();
+    while (!fs::exists(run + "/checkpoints/last.pt") && !process.finished()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
@@ -67,10 +83,9 @@ class TrainProcessTest : public test::SeedingFixture {
 };
 
 TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
-  const double seconds = train_reference();
+  const Timing reference = train_reference();
   const StateDict expected = weights(tmp_.file("reference"));
   std::mt19937 generator(11);
-  std::uniform_real_distribution<double> moment(0.0, seconds);
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   int mid_run_kills = 0;
   for (int round = 0; round < 12 && Clock::now() < deadline; ++round) {
@@ -78,7 +93,15 @@ TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
     bool finished_before_kill = false;
     {
       Process victim(train(run), run);
-      std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
+      // One round in four kills at any moment of start-up, the others once checkpoints are being written.
+      if (round % 4 == 0) {
+        std::uniform_real_distribution<double> moment(0.0, reference.first_checkpoint);
+        std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
+      } else {
+        wait_for_checkpoint(run, victim);
+        std::uniform_real_distribution<double> moment(0.0, reference.total - reference.first_checkpoint);
+        std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
+      }
       finished_before_kill = victim.finished();
       victim.signal(SIGKILL);
       victim.wait();
