@@ -335,6 +335,24 @@ void sync_folder(const std::string& folder) {
   ::close(fd);
 }
 
+// LibTorch checks the `left` and `next` counters of a CPU generator state (torch.get_rng_state()'s layout: uint64
+// seed, int32 left, int32 seeded, uint64 next, then the Mersenne Twister's 624 words) each on its own; a state with
+// both near 624 makes it read past the end of its array. Drawing reads words next .. next + left - 2.
+void check_cpu_generator_state(const at::Tensor& saved) {
+  const at::Tensor bytes = saved.to(at::kCPU).contiguous();
+  if (bytes.scalar_type() != at::kByte || bytes.numel() < 24) {
+    return;  // the size check in restore_rng_state() explains it
+  }
+  const auto* data = bytes.data_ptr<uint8_t>();
+  int32_t left = 0;
+  uint64_t next = 0;
+  std::memcpy(&left, data + 8, sizeof(left));
+  std::memcpy(&next, data + 16, sizeof(next));
+  DKIT_CHECK(left >= 1 && left <= 624 && next <= 624 && next + static_cast<uint64_t>(left) <= 625,
+             "cannot restore the CPU random generator: its saved state is inconsistent (left ", left, ", next ",
+             next, ")");
+}
+
 } // namespace
 
 RngState capture_rng_state() {
@@ -363,6 +381,7 @@ void restore_rng_state(const RngState& state) {
     generator.set_state(saved.to(at::kCPU).contiguous());
   };
   if (state.cpu.defined()) {
+    check_cpu_generator_state(state.cpu);
     restore(at::detail::getDefaultCPUGenerator(), state.cpu, "CPU");
   }
   const auto gpus = std::min(state.cuda.size(), torch::cuda::device_count());

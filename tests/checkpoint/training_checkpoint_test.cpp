@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -332,6 +333,22 @@ TEST_F(TrainingCheckpointFileTest, RestoresTheCpuGenerator) {
   EXPECT_EQ(error_message([&] { restore_rng_state(bad); }),
             "cannot restore the CPU random generator: its saved state is 10 uint8 values, expected " +
                 std::to_string(state.cpu.numel()) + " uint8");
+}
+
+// LibTorch 1.13 accepts a CPU generator state with left = next = 624 and then draws from memory past its state
+// array; a checkpoint's state is checked before it reaches LibTorch.
+TEST_F(TrainingCheckpointFileTest, RefusesAnInconsistentCpuGeneratorState) {
+  RngState state = capture_rng_state();
+  const RngState before = state;
+  state.cpu = state.cpu.clone();
+  auto* bytes = state.cpu.data_ptr<uint8_t>();
+  const int32_t left = 624;
+  const uint64_t next = 624;
+  std::memcpy(bytes + 8, &left, sizeof(left));
+  std::memcpy(bytes + 16, &next, sizeof(next));
+  EXPECT_EQ(error_message([&] { restore_rng_state(state); }),
+            "cannot restore the CPU random generator: its saved state is inconsistent (left 624, next 624)");
+  EXPECT_TRUE(torch::equal(capture_rng_state().cpu, before.cpu)) << "the generator changed";
 }
 
 TEST_F(TrainingCheckpointFileTest, RestoresTheCudaGenerators_CUDA) {
