@@ -45,7 +45,8 @@ inline PickleValue read_root(std::string_view bytes) {
   }
   const StorageLoader zeros = [](const std::string& /*key*/, c10::ScalarType dtype, int64_t numel,
                                  const std::string& /*location*/) {
-    DKIT_CHECK(numel <= (int64_t{1} << 20), "fuzz.pkl: a storage of ", numel, " elements (the fuzzer makes 2^20 at most)");
+    DKIT_CHECK(numel <= (int64_t{1} << 20), "fuzz.pkl: a storage of ", numel,
+               " elements (the fuzzer makes 2^20 at most)");
     return at::zeros({numel}, at::TensorOptions().dtype(dtype)).storage();
   };
   return unpickle(bytes, zeros, "fuzz.pkl");

@@ -18,8 +18,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string_view>
 
 namespace dkit {
@@ -63,12 +63,16 @@ std::string lower(std::string text) {
 // sees exactly the bytes dkit checked (a file replaced after the checks is not read), and never more of them.
 class ByteSource : public caffe2::serialize::ReadAdapterInterface {
  public:
-  // Reads exactly n bytes at offset, or returns false when the source is shorter.
+  // Reads exactly n bytes at offset, or returns false when the source is shorter; an I/O error is an error.
   bool read_exact(uint64_t offset, void* out, size_t n) const {
     if (offset > size_ || n > size_ - offset) {
       return false;
     }
-    return n == 0 || read_at(offset, out, n) == n;
+    if (n == 0 || read_at(offset, out, n) == n) {
+      return true;
+    }
+    check_no_io_error();
+    return false;
   }
 
   size_t size() const override {
@@ -86,6 +90,9 @@ class ByteSource : public caffe2::serialize::ReadAdapterInterface {
  protected:
   // Reads up to n bytes at offset, which lie within the source; fewer on an I/O error. Never throws.
   virtual size_t read_at(uint64_t offset, void* out, size_t n) const noexcept = 0;
+
+  // Throws the I/O error behind a short read_at(), if there was one.
+  virtual void check_no_io_error() const {}
 
   uint64_t size_ = 0;
 };
@@ -116,6 +123,7 @@ class FileSource : public ByteSource {
         continue;
       }
       if (got <= 0) {
+        error_ = got < 0 ? errno : 0;
         break;
       }
       done += static_cast<size_t>(got);
@@ -123,9 +131,14 @@ class FileSource : public ByteSource {
     return done;
   }
 
+  void check_no_io_error() const override {
+    DKIT_CHECK(error_ == 0, path_, ": cannot read: ", std::strerror(error_));
+  }
+
  private:
   std::string path_;
   int fd_ = -1;
+  mutable int error_ = 0;
 };
 
 class MemorySource : public ByteSource {
@@ -250,9 +263,9 @@ std::map<std::string, ZipRecord> read_central_directory(const std::string& path,
                "' uses zip compression method ", record.method, " (only stored and deflated records are read)");
     DKIT_CHECK(record.method != 0 || record.size == record.compressed, corrupt, "record '", name, "' claims ",
                record.size, " bytes but stores ", record.compressed);
-    DKIT_CHECK(record.method != 8 || (record.size / 1032 <= record.compressed && (record.compressed > 0 || record.size == 0)),
-               corrupt, "record '", name, "' claims ", record.size, " bytes, more than ", record.compressed,
-               " compressed bytes can hold");
+    const bool inflatable = record.size / 1032 <= record.compressed && (record.compressed > 0 || record.size == 0);
+    DKIT_CHECK(record.method != 8 || inflatable, corrupt, "record '", name, "' claims ", record.size,
+               " bytes, more than ", record.compressed, " compressed bytes can hold");
     // miniz, LibTorch's zip reader, hands back a folder entry's bytes without writing them (uninitialized
     // memory) and refuses encrypted and patch records only after PyTorchStreamReader's constructor has begun.
     const bool folder = (!name.empty() && name.back() == '/') || (le(header + 38, 4) & 0x10) != 0;

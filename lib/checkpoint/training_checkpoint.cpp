@@ -697,7 +697,8 @@ LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const Loa
       state_dict.erase("input_mean");
       state_dict.erase("input_std");
     }
-    loaded.net = mlp_from_state_dict(state_dict, MlpFromStateDictOptions().activation(options.activation()).source(source));
+    loaded.net =
+        mlp_from_state_dict(state_dict, MlpFromStateDictOptions().activation(options.activation()).source(source));
   }
   const int64_t in_features = loaded.net->options.in_features();
   if (loaded.input_mean.defined()) {

@@ -289,7 +289,8 @@ TEST_F(TrainProcessTest, KilledDuringCheckpointWritesLastIsAlwaysTheNewestComple
     }
     const auto logged = logged_checkpoint_steps(run);
     ASSERT_FALSE(logged.empty());
-    EXPECT_LE(logged.back(), last.step) << "round " << rounds << ": a save train.log recorded as done is newer than last.pt";
+    EXPECT_LE(logged.back(), last.step)
+        << "round " << rounds << ": a save train.log recorded as done is newer than last.pt";
     EXPECT_GE(last.step, newest) << "round " << rounds << ": last.pt went back in time";
     newest = last.step;
   }
