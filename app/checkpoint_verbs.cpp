@@ -11,6 +11,8 @@
 #include <cxxopts.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -40,6 +42,48 @@ std::string format_of(const PickleValue& root, std::string& state_dict_key) {
   return "pickle";
 }
 
+// The limits of ReadLimits, by the names `--limit` takes.
+struct LimitSetter {
+  const char* name;
+  ReadLimits& (ReadLimits::*set)(const int64_t&);
+};
+
+constexpr LimitSetter kLimits[] = {
+    {"max_file_bytes", &ReadLimits::max_file_bytes},     {"max_record_bytes", &ReadLimits::max_record_bytes},
+    {"max_records", &ReadLimits::max_records},           {"max_pickle_bytes", &ReadLimits::max_pickle_bytes},
+    {"max_depth", &ReadLimits::max_depth},               {"max_memo", &ReadLimits::max_memo},
+    {"max_values", &ReadLimits::max_values},
+};
+
+const char* const kLimitHelp =
+    "tighten a limit on reading the file, NAME=VALUE (repeatable): max_file_bytes, max_record_bytes, max_records, "
+    "max_pickle_bytes, max_depth, max_memo, max_values";
+
+// The read limits given as `--limit NAME=VALUE`, the others at their defaults.
+ReadLimits read_limits(const cxxopts::ParseResult& result) {
+  ReadLimits limits;
+  if (result.count("limit") == 0) {
+    return limits;
+  }
+  for (const auto& item : result["limit"].as<std::vector<std::string>>()) {
+    const auto eq = item.find('=');
+    DKIT_CHECK(eq != std::string::npos, "--limit expects NAME=VALUE, got '", item, "'");
+    const std::string name = item.substr(0, eq);
+    const std::string text = item.substr(eq + 1);
+    int64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    DKIT_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= 1, "--limit ", name, ": '", text,
+               "' is not a positive integer");
+    const auto* found = std::find_if(std::begin(kLimits), std::end(kLimits),
+                                     [&](const LimitSetter& limit) { return name == limit.name; });
+    DKIT_CHECK(found != std::end(kLimits), "--limit: unknown limit '", name,
+               "' (limits: max_file_bytes, max_record_bytes, max_records, max_pickle_bytes, max_depth, max_memo, "
+               "max_values)");
+    (limits.*(found->set))(value);
+  }
+  return limits;
+}
+
 void write_logits(std::ostream& out, const at::Tensor& logits) {
   const at::Tensor cpu = logits.to(torch::kCPU, torch::kFloat).contiguous();
   const float* data = cpu.data_ptr<float>();
@@ -64,7 +108,7 @@ int run_inspect(Args args) {
   options.positional_help("FILE");
   options.add_options()("file", "the file to inspect", cxxopts::value<std::string>())(
       "json", "print JSON: {\"format\": ..., \"tensors\": [{\"name\", \"shape\", \"dtype\", \"device\"}, ...]}")(
-      "h,help", "show this help");
+      "limit", kLimitHelp, cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   options.parse_positional({"file"});
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
@@ -73,7 +117,7 @@ int run_inspect(Args args) {
   }
   DKIT_CHECK(result.count("file") != 0, "inspect needs a FILE (see --help)");
   const std::string path = result["file"].as<std::string>();
-  const TorchFile file = read_torch_file(path);
+  const TorchFile file = read_torch_file(path, ReadOptions().limits(read_limits(result)));
   std::string state_dict_key;
   const std::string format = format_of(file.root, state_dict_key);
   std::vector<TensorRow> rows;
@@ -131,8 +175,8 @@ int run_export(Args args) {
                            "input_std when training normalised its inputs. Reads a dkit checkpoint or a PyTorch MLP "
                            "state dict.");
   options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
-                        cxxopts::value<std::string>())("output", "the file to write",
-                                                       cxxopts::value<std::string>())("h,help", "show this help");
+                        cxxopts::value<std::string>())("output", "the file to write", cxxopts::value<std::string>())(
+      "limit", kLimitHelp, cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
     std::cout << options.help();
@@ -141,7 +185,8 @@ int run_export(Args args) {
   DKIT_CHECK(result.count("checkpoint") != 0, "export needs --checkpoint FILE (see --help)");
   DKIT_CHECK(result.count("output") != 0, "export needs --output FILE (see --help)");
   const std::string output = result["output"].as<std::string>();
-  const LoadedMlp model = load_mlp(result["checkpoint"].as<std::string>());
+  const LoadedMlp model =
+      load_mlp(result["checkpoint"].as<std::string>(), LoadMlpOptions().limits(read_limits(result)));
   export_mlp(output, model);
   std::cout << "wrote " << output << ": " << model.net->named_parameters().size() << " parameter tensors"
             << (model.input_mean.defined() ? " and input_mean, input_std" : "") << "\n";
@@ -158,7 +203,9 @@ int run_predict(Args args) {
       "output", "write the logits to this CSV file instead of stdout", cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
       "activation", "relu, gelu or tanh, for state dicts, which do not record it (a dkit checkpoint does)",
-      cxxopts::value<std::string>()->default_value("relu"))("h,help", "show this help");
+      cxxopts::value<std::string>()->default_value("relu"))("limit", kLimitHelp,
+                                                            cxxopts::value<std::vector<std::string>>())(
+      "h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
     std::cout << options.help();
@@ -169,7 +216,10 @@ int run_predict(Args args) {
   const Device device = parse_device(result["device"].as<std::string>());
   const LoadedMlp model =
       load_mlp(result["checkpoint"].as<std::string>(),
-               LoadMlpOptions().device(device).activation(parse_activation(result["activation"].as<std::string>())));
+               LoadMlpOptions()
+                   .device(device)
+                   .activation(parse_activation(result["activation"].as<std::string>()))
+                   .limits(read_limits(result)));
   const std::string input = result["input"].as<std::string>();
   const at::Tensor inputs = read_csv(input, CsvOptions().has_labels(false)).features;
   DKIT_CHECK(inputs.size(1) == model.net->options.in_features(), input, ": ", inputs.size(1),

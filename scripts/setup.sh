@@ -5,6 +5,8 @@
 #   scripts/setup.sh                    # everything, Debian's LibTorch 1.13 included
 #   scripts/setup.sh --without-torch    # for a LibTorch from elsewhere (the official zip, a PyTorch wheel): leaves
 #                                       # out Debian's LibTorch and what goes with it (the Dockerfile's CUDA build)
+#   scripts/setup.sh --sanitizers       # also clang and its sanitizer and libFuzzer runtimes, for
+#                                       # scripts/sanitize.sh and scripts/fuzz.sh (the two options combine)
 set -euo pipefail
 
 packages=(
@@ -20,14 +22,25 @@ torch_packages=(
   python3-torch                       # real PyTorch: the interop tests and the Python side of the benchmarks
   gnuplot-nox                         # bench/plot: CSV from dkit bench to PNG charts
 )
-case "${1:-}" in
-  "") packages+=("${torch_packages[@]}") ;;
-  --without-torch) ;;
-  *)
-    echo "setup: unknown option '$1' (the only option is --without-torch)" >&2
-    exit 2
-    ;;
-esac
+sanitizer_packages=(
+  clang                               # the compiler for the sanitized build and the fuzz targets (clang 14 on Debian 12)
+  libclang-rt-dev                     # its AddressSanitizer, UBSan and libFuzzer runtimes (libclang-rt-14-dev)
+  llvm                                # llvm-symbolizer: function names and lines in sanitizer reports
+)
+with_torch=1
+for option in "$@"; do
+  case "$option" in
+    --without-torch) with_torch=0 ;;
+    --sanitizers) packages+=("${sanitizer_packages[@]}") ;;
+    *)
+      echo "setup: unknown option '$option' (options: --without-torch, --sanitizers)" >&2
+      exit 2
+      ;;
+  esac
+done
+if [ "$with_torch" -eq 1 ]; then
+  packages+=("${torch_packages[@]}")
+fi
 
 missing=()
 for package in "${packages[@]}"; do

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace dkit {
 
@@ -243,6 +244,24 @@ using ObjPtr = std::shared_ptr<Obj>;
 struct Obj {
   enum class Kind { kNone, kBool, kInt, kDouble, kString, kList, kTuple, kDict, kTensor, kGlobal, kStorage };
   explicit Obj(Kind k) : kind(k) {}
+  ~Obj();
+  Obj(const Obj&) = delete;
+  Obj& operator=(const Obj&) = delete;
+
+  // Moves the references this container holds to `out`, leaving it empty.
+  void release_children(std::vector<ObjPtr>& out) {
+    for (auto& item : items) {
+      out.push_back(std::move(item));
+    }
+    for (auto& [key, value] : entries) {
+      out.push_back(std::move(key));
+      out.push_back(std::move(value));
+    }
+    items.clear();
+    entries.clear();
+    index.clear();
+  }
+
   Kind kind;
   bool ordered = false;
   bool flag = false;
@@ -257,6 +276,20 @@ struct Obj {
   c10::ScalarType dtype = c10::kByte;
   std::string location;
 };
+
+// Destroys the containers this one held one by one, not recursively: a hostile pickle can nest lists a million
+// levels deep (each `]` opcode one level, each `a` one link), far beyond what the stack holds.
+Obj::~Obj() {
+  std::vector<ObjPtr> pending;
+  release_children(pending);
+  while (!pending.empty()) {
+    ObjPtr obj = std::move(pending.back());
+    pending.pop_back();
+    if (obj != nullptr && obj.use_count() == 1) {
+      obj->release_children(pending);
+    }
+  }
+}
 
 std::string obj_type_name(const Obj& obj) {
   switch (obj.kind) {
@@ -280,6 +313,39 @@ class Unpickler {
   Unpickler(std::string_view data, const StorageLoader& load_storage, const std::string& source,
             const ReadLimits& limits)
       : data_(data), load_storage_(load_storage), source_(source), limits_(limits) {}
+
+  // A pickle can make a container hold itself (a memo reference appended to it): empty every container reachable
+  // from the stack and the memo, or those cycles of shared pointers would never be freed.
+  ~Unpickler() {
+    std::vector<ObjPtr> reachable(stack_.begin(), stack_.end());
+    for (const auto& [index, obj] : memo_) {
+      reachable.push_back(obj);
+    }
+    std::unordered_set<const Obj*> seen;
+    std::vector<ObjPtr> containers;
+    while (!reachable.empty()) {
+      ObjPtr obj = std::move(reachable.back());
+      reachable.pop_back();
+      if (obj == nullptr || !seen.insert(obj.get()).second) {
+        continue;
+      }
+      for (const auto& item : obj->items) {
+        reachable.push_back(item);
+      }
+      for (const auto& [key, value] : obj->entries) {
+        reachable.push_back(key);
+        reachable.push_back(value);
+      }
+      containers.push_back(std::move(obj));
+    }
+    std::vector<ObjPtr> released;
+    for (const auto& obj : containers) {
+      obj->release_children(released);
+    }
+  }
+
+  Unpickler(const Unpickler&) = delete;
+  Unpickler& operator=(const Unpickler&) = delete;
 
   PickleValue run() {
     DKIT_CHECK(static_cast<int64_t>(data_.size()) <= limits_.max_pickle_bytes(), source_, ": the pickle is ",

@@ -224,6 +224,12 @@ Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptio
     used.insert(bias);
   }
   DKIT_CHECK(!weights.empty(), source, ": no 2-D weights in the state dict, so no Linear layers to build an MLP from");
+  for (const auto& name : weights) {
+    const at::Tensor& weight = state_dict[name];
+    const auto stored = static_cast<int64_t>(weight.storage().nbytes() / weight.element_size());
+    DKIT_CHECK(weight.numel() <= stored, source, ": '", name, "' has shape ", shape(weight), " but its storage holds ",
+               stored, " values: an expanded view cannot be a layer's weight");
+  }
   for (const auto& item : state_dict) {
     DKIT_CHECK(used.count(item.key()) != 0, source, ": tensor '", item.key(), "' of shape ", shape(item.value()),
                " is not part of an MLP: only 2-D weights and the biases named like them are read");

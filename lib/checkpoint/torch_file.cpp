@@ -4,17 +4,23 @@
 #include <dkit/device/device.h>
 
 #include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/versions.h>
 #include <torch/torch.h>
 
 #include <fcntl.h>
+#include <zlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <set>
+#include <string_view>
 
 namespace dkit {
 namespace {
@@ -27,6 +33,7 @@ constexpr unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x
 struct ZipRecord {
   uint64_t compressed = 0;
   uint64_t size = 0;
+  uint64_t data = 0;
   uint16_t method = 0;
 };
 
@@ -42,9 +49,57 @@ std::string first_line(const std::string& text) {
   return text.substr(0, text.find('\n'));
 }
 
-class FileReader {
+// LibTorch's zip reader (miniz) finds records by name ignoring ASCII case; dkit's lookups do the same.
+std::string lower(std::string text) {
+  for (char& c : text) {
+    if (c >= 'A' && c <= 'Z') {
+      c = static_cast<char>(c - 'A' + 'a');
+    }
+  }
+  return text;
+}
+
+// The bytes of an archive: an open file or a buffer. LibTorch's reader reads through the same object, so that it
+// sees exactly the bytes dkit checked (a file replaced after the checks is not read), and never more of them.
+class ByteSource : public caffe2::serialize::ReadAdapterInterface {
  public:
-  explicit FileReader(const std::string& path) : path_(path) {
+  // Reads exactly n bytes at offset, or returns false when the source is shorter; an I/O error is an error.
+  bool read_exact(uint64_t offset, void* out, size_t n) const {
+    if (offset > size_ || n > size_ - offset) {
+      return false;
+    }
+    if (n == 0 || read_at(offset, out, n) == n) {
+      return true;
+    }
+    check_no_io_error();
+    return false;
+  }
+
+  size_t size() const override {
+    return static_cast<size_t>(size_);
+  }
+
+  // What LibTorch's reader calls; it never throws, since it is called from inside miniz's C code.
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= size_ || n == 0) {
+      return 0;
+    }
+    return read_at(pos, buf, static_cast<size_t>(std::min<uint64_t>(n, size_ - pos)));
+  }
+
+ protected:
+  // Reads up to n bytes at offset, which lie within the source; fewer on an I/O error. Never throws.
+  virtual size_t read_at(uint64_t offset, void* out, size_t n) const noexcept = 0;
+
+  // Throws the I/O error behind a short read_at(), if there was one.
+  virtual void check_no_io_error() const {}
+
+  uint64_t size_ = 0;
+};
+
+class FileSource : public ByteSource {
+ public:
+  explicit FileSource(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     DKIT_CHECK(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
     struct stat info {};
@@ -52,49 +107,61 @@ class FileReader {
     DKIT_CHECK(!S_ISDIR(info.st_mode), path, ": is a directory, not a file");
     size_ = static_cast<uint64_t>(info.st_size);
   }
-  ~FileReader() {
+  ~FileSource() override {
     ::close(fd_);
   }
-  FileReader(const FileReader&) = delete;
-  FileReader& operator=(const FileReader&) = delete;
+  FileSource(const FileSource&) = delete;
+  FileSource& operator=(const FileSource&) = delete;
 
-  uint64_t size() const {
-    return size_;
-  }
-
-  // Reads exactly n bytes at offset, or returns false when the file is shorter.
-  bool read(uint64_t offset, void* out, size_t n) const {
-    if (offset > size_ || n > size_ - offset) {
-      return false;
-    }
+ protected:
+  size_t read_at(uint64_t offset, void* out, size_t n) const noexcept override {
     auto* bytes = static_cast<char*>(out);
-    while (n > 0) {
-      const ssize_t got = ::pread(fd_, bytes, n, static_cast<off_t>(offset));
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, bytes + done, n - done, static_cast<off_t>(offset + done));
       if (got < 0 && errno == EINTR) {
         continue;
       }
-      DKIT_CHECK(got >= 0, path_, ": cannot read: ", std::strerror(errno));
-      if (got == 0) {
-        return false;
+      if (got <= 0) {
+        error_ = got < 0 ? errno : 0;
+        break;
       }
-      bytes += got;
-      offset += static_cast<uint64_t>(got);
-      n -= static_cast<size_t>(got);
+      done += static_cast<size_t>(got);
     }
-    return true;
+    return done;
+  }
+
+  void check_no_io_error() const override {
+    DKIT_CHECK(error_ == 0, path_, ": cannot read: ", std::strerror(error_));
   }
 
  private:
   std::string path_;
   int fd_ = -1;
-  uint64_t size_ = 0;
+  mutable int error_ = 0;
 };
 
-void check_file_kind(const std::string& path, const FileReader& file) {
+class MemorySource : public ByteSource {
+ public:
+  explicit MemorySource(std::string_view data) : data_(data) {
+    size_ = data.size();
+  }
+
+ protected:
+  size_t read_at(uint64_t offset, void* out, size_t n) const noexcept override {
+    std::memcpy(out, data_.data() + offset, n);
+    return n;
+  }
+
+ private:
+  std::string_view data_;
+};
+
+void check_file_kind(const std::string& path, const ByteSource& file) {
   DKIT_CHECK(file.size() > 0, path, ": the file is empty");
   unsigned char head[sizeof(kLegacyMagic)] = {};
   const size_t n = std::min<uint64_t>(file.size(), sizeof(head));
-  file.read(0, head, n);
+  file.read_exact(0, head, n);
   DKIT_CHECK(n < sizeof(kLegacyMagic) || std::memcmp(head, kLegacyMagic, sizeof(kLegacyMagic)) != 0, path,
              ": this file uses PyTorch's legacy serialization format (torch.save before PyTorch 1.6, or with "
              "_use_new_zipfile_serialization=False), which dkit does not read; re-save it with a recent PyTorch: "
@@ -119,13 +186,13 @@ void check_file_kind(const std::string& path, const FileReader& file) {
 
 // Reads the zip's central directory with dkit's own code, so that every record's claimed size is checked against
 // the file and the limits before LibTorch's reader allocates memory for it.
-std::map<std::string, ZipRecord> read_central_directory(const std::string& path, const FileReader& file,
+std::map<std::string, ZipRecord> read_central_directory(const std::string& path, const ByteSource& file,
                                                         const ReadLimits& limits) {
   const std::string corrupt = path + ": truncated or corrupt zip archive: ";
   const uint64_t size = file.size();
   const uint64_t tail_size = std::min<uint64_t>(size, 22 + 65535);
   std::vector<unsigned char> tail(tail_size);
-  DKIT_CHECK(file.read(size - tail_size, tail.data(), tail_size), corrupt, "cannot read its end");
+  DKIT_CHECK(file.read_exact(size - tail_size, tail.data(), tail_size), corrupt, "cannot read its end");
   int64_t eocd = -1;
   for (int64_t i = static_cast<int64_t>(tail_size) - 22; i >= 0; --i) {
     if (le(&tail[static_cast<size_t>(i)], 4) == 0x06054b50) {
@@ -140,9 +207,9 @@ std::map<std::string, ZipRecord> read_central_directory(const std::string& path,
   uint64_t directory_offset = le(end + 16, 4);
   const uint64_t eocd_offset = size - tail_size + static_cast<uint64_t>(eocd);
   unsigned char locator[20];
-  if (eocd_offset >= 20 && file.read(eocd_offset - 20, locator, 20) && le(locator, 4) == 0x07064b50) {
+  if (eocd_offset >= 20 && file.read_exact(eocd_offset - 20, locator, 20) && le(locator, 4) == 0x07064b50) {
     unsigned char end64[56];
-    DKIT_CHECK(file.read(le(locator + 8, 8), end64, 56) && le(end64, 4) == 0x06064b50, corrupt,
+    DKIT_CHECK(file.read_exact(le(locator + 8, 8), end64, 56) && le(end64, 4) == 0x06064b50, corrupt,
                "bad zip64 end of central directory record");
     count = le(end64 + 32, 8);
     directory_size = le(end64 + 40, 8);
@@ -154,16 +221,17 @@ std::map<std::string, ZipRecord> read_central_directory(const std::string& path,
              " records, more than the limit of ", limits.max_records(), " (max_records)");
 
   std::map<std::string, ZipRecord> records;
+  std::set<std::string> names;
   uint64_t at = directory_offset;
   for (uint64_t i = 0; i < count; ++i) {
     unsigned char header[46];
-    DKIT_CHECK(file.read(at, header, sizeof(header)) && le(header, 4) == 0x02014b50, corrupt,
+    DKIT_CHECK(file.read_exact(at, header, sizeof(header)) && le(header, 4) == 0x02014b50, corrupt,
                "bad central directory entry ", i);
     const size_t name_length = le(header + 28, 2);
     const size_t extra_length = le(header + 30, 2);
     const size_t comment_length = le(header + 32, 2);
     std::vector<unsigned char> variable(name_length + extra_length);
-    DKIT_CHECK(file.read(at + 46, variable.data(), variable.size()), corrupt, "bad central directory entry ", i);
+    DKIT_CHECK(file.read_exact(at + 46, variable.data(), variable.size()), corrupt, "bad central directory entry ", i);
     std::string name(variable.begin(), variable.begin() + static_cast<std::ptrdiff_t>(name_length));
     ZipRecord record;
     record.method = static_cast<uint16_t>(le(header + 10, 2));
@@ -186,7 +254,7 @@ std::map<std::string, ZipRecord> read_central_directory(const std::string& path,
       x = field_end;
     }
     unsigned char local_header[30];
-    DKIT_CHECK(file.read(local, local_header, sizeof(local_header)) && le(local_header, 4) == 0x04034b50, corrupt,
+    DKIT_CHECK(file.read_exact(local, local_header, sizeof(local_header)) && le(local_header, 4) == 0x04034b50, corrupt,
                "record '", name, "' has no local header");
     const uint64_t data = local + 30 + le(local_header + 26, 2) + le(local_header + 28, 2);
     DKIT_CHECK(data <= size && record.compressed <= size - data, corrupt, "record '", name,
@@ -195,10 +263,20 @@ std::map<std::string, ZipRecord> read_central_directory(const std::string& path,
                "' uses zip compression method ", record.method, " (only stored and deflated records are read)");
     DKIT_CHECK(record.method != 0 || record.size == record.compressed, corrupt, "record '", name, "' claims ",
                record.size, " bytes but stores ", record.compressed);
-    DKIT_CHECK(record.method != 8 || record.size / 1032 <= record.compressed, corrupt, "record '", name,
-               "' claims ", record.size, " bytes, more than ", record.compressed, " compressed bytes can hold");
+    const bool inflatable = record.size / 1032 <= record.compressed && (record.compressed > 0 || record.size == 0);
+    DKIT_CHECK(record.method != 8 || inflatable, corrupt, "record '", name, "' claims ", record.size,
+               " bytes, more than ", record.compressed, " compressed bytes can hold");
+    // miniz, LibTorch's zip reader, hands back a folder entry's bytes without writing them (uninitialized
+    // memory) and refuses encrypted and patch records only after PyTorchStreamReader's constructor has begun.
+    const bool folder = (!name.empty() && name.back() == '/') || (le(header + 38, 4) & 0x10) != 0;
+    DKIT_CHECK(!folder, corrupt, "record '", name, "' is a folder entry, which torch.save never writes");
+    DKIT_CHECK((le(header + 8, 2) & 0x61) == 0, path, ": record '", name,
+               "' is encrypted or a patch, which torch.save never writes");
     DKIT_CHECK(record.size <= static_cast<uint64_t>(limits.max_record_bytes()), path, ": record '", name, "' is ",
                record.size, " bytes, more than the limit of ", limits.max_record_bytes(), " (max_record_bytes)");
+    DKIT_CHECK(names.insert(lower(name)).second, corrupt, "record '", name,
+               "' appears twice (record names are compared ignoring case)");
+    record.data = data;
     records.emplace(std::move(name), record);
     at += 46 + name_length + extra_length + comment_length;
   }
@@ -298,14 +376,51 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-} // namespace
+// The archive's format version, read and checked as PyTorchStreamReader's constructor reads and checks it,
+// before that constructor runs: in LibTorch 1.13 it leaks its zip reader's memory when it throws.
+int64_t read_version(const std::string& path, const ByteSource& file, const ZipRecord& record) {
+  constexpr uint64_t kMaxVersionBytes = 64;
+  DKIT_CHECK(record.size <= kMaxVersionBytes, path, ": the archive's version record is ", record.size,
+             " bytes, not a format version");
+  std::string text(record.size, '\0');
+  if (record.method == 0) {
+    DKIT_CHECK(file.read_exact(record.data, text.data(), text.size()), path,
+               ": truncated or corrupt zip archive: cannot read its version record");
+  } else {
+    std::vector<unsigned char> packed(record.compressed);
+    DKIT_CHECK(file.read_exact(record.data, packed.data(), packed.size()), path,
+               ": truncated or corrupt zip archive: cannot read its version record");
+    z_stream stream{};
+    DKIT_CHECK(inflateInit2(&stream, -MAX_WBITS) == Z_OK, path, ": cannot inflate its version record");
+    stream.next_in = packed.data();
+    stream.avail_in = static_cast<uInt>(packed.size());
+    stream.next_out = reinterpret_cast<Bytef*>(text.data());
+    stream.avail_out = static_cast<uInt>(text.size());
+    const int status = inflate(&stream, Z_FINISH);
+    const bool whole = status == Z_STREAM_END && stream.avail_out == 0;
+    inflateEnd(&stream);
+    DKIT_CHECK(whole, path, ": truncated or corrupt zip archive: its version record does not inflate to ",
+               record.size, " bytes");
+  }
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long version = std::strtoull(text.c_str(), &end, 10);
+  const auto shown = first_line(text.substr(0, text.find('\0')));
+  DKIT_CHECK(end != text.c_str() && errno == 0, path, ": the archive's version record holds '", shown,
+             "', not a format version");
+  DKIT_CHECK(version >= caffe2::serialize::kMinSupportedFileFormatVersion &&
+                 version <= caffe2::serialize::kMaxSupportedFileFormatVersion,
+             path, ": archive format version ", version, ", this LibTorch reads versions ",
+             caffe2::serialize::kMinSupportedFileFormatVersion, " to ",
+             caffe2::serialize::kMaxSupportedFileFormatVersion);
+  return static_cast<int64_t>(version);
+}
 
-TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
+TorchFile read_archive(const std::shared_ptr<ByteSource>& source, const std::string& path,
+                       const ReadOptions& options) {
   const auto& limits = options.limits();
   const c10::Device device = options.map_location();
-  DKIT_CHECK(is_available(device), path, ": cannot load to ", device, ": it is not available here (available: ",
-             available_devices(), ")");
-  FileReader file(path);
+  const ByteSource& file = *source;
   check_file_kind(path, file);
   DKIT_CHECK(file.size() <= static_cast<uint64_t>(limits.max_file_bytes()), path, ": the file is ", file.size(),
              " bytes, more than the limit of ", limits.max_file_bytes(), " (max_file_bytes)");
@@ -317,7 +432,7 @@ TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
   for (const auto& [name, record] : all) {
     DKIT_CHECK(name.size() > archive.size() && name.compare(0, archive.size() + 1, archive + "/") == 0, path,
                ": not a file written by torch.save: its zip records are not all in one folder");
-    records.emplace(name.substr(archive.size() + 1), record);
+    records.emplace(lower(name.substr(archive.size() + 1)), record);
   }
   const bool torchscript = records.count("constants.pkl") != 0 ||
                            std::any_of(records.begin(), records.end(),
@@ -332,6 +447,11 @@ TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
              ": data.pkl is ", records.at("data.pkl").size, " bytes, more than the limit of ",
              limits.max_pickle_bytes(), " (max_pickle_bytes)");
 
+  TorchFile result;
+  result.archive = archive;
+  result.version = read_version(path, file, records.count(".data/version") != 0 ? records.at(".data/version")
+                                                                                 : records.at("version"));
+
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   const auto get_record = [&](const std::string& name) {
     try {
@@ -341,9 +461,11 @@ TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
     }
   };
   try {
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(source);
   } catch (const c10::Error& e) {
     throw Error(detail::concat(path, ": corrupt zip archive: ", first_line(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    throw Error(detail::concat(path, ": corrupt zip archive: ", first_line(e.what())));
   }
   if (records.count("byteorder") != 0) {
     auto [data, size] = get_record("byteorder");
@@ -355,7 +477,7 @@ TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
   const StorageLoader load_storage = [&](const std::string& key, c10::ScalarType dtype, int64_t numel,
                                          const std::string& /*location*/) {
     const std::string name = "data/" + key;
-    const auto found = records.find(name);
+    const auto found = records.find(lower(name));
     DKIT_CHECK(found != records.end(), path, ": the pickle refers to storage '", key, "' but the archive has no ",
                name, " record");
     uint64_t needed = 0;
@@ -363,7 +485,8 @@ TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
     DKIT_CHECK(!overflow && found->second.size == needed, path, ": record ", name, " holds ", found->second.size,
                " bytes but the pickle says its storage is ", numel, " ", dtype_name(dtype), " values");
     auto [data, size] = get_record(name);
-    TORCH_INTERNAL_ASSERT(size == needed, "record ", name, " changed size");
+    DKIT_CHECK(size == needed, path, ": corrupt zip archive: record ", name, " reads as ", size,
+               " bytes, its directory entry says ", needed);
     c10::Storage storage(c10::Storage::use_byte_size_t(), size, std::move(data), /*allocator=*/nullptr,
                          /*resizable=*/false);
     if (device.is_cpu()) {
@@ -374,15 +497,26 @@ TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
     return whole.to(device).storage();
   };
 
-  TorchFile result;
-  result.archive = archive;
-  {
-    auto [data, size] = get_record(records.count("version") != 0 ? "version" : ".data/version");
-    result.version = std::strtoll(std::string(static_cast<const char*>(data.get()), size).c_str(), nullptr, 10);
-  }
   auto [data, size] = get_record("data.pkl");
   result.root = unpickle(std::string_view(static_cast<const char*>(data.get()), size), load_storage, path, limits);
   return result;
+}
+
+void check_map_location(const std::string& path, const c10::Device& device) {
+  DKIT_CHECK(is_available(device), path, ": cannot load to ", device, ": it is not available here (available: ",
+             available_devices(), ")");
+}
+
+} // namespace
+
+TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
+  check_map_location(path, options.map_location());
+  return read_archive(std::make_shared<FileSource>(path), path, options);
+}
+
+TorchFile read_torch_bytes(std::string_view data, const std::string& source, const ReadOptions& options) {
+  check_map_location(source, options.map_location());
+  return read_archive(std::make_shared<MemorySource>(data), source, options);
 }
 
 void write_torch_file(const std::string& path, const PickleValue& root) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace dkit {
 
@@ -37,6 +38,10 @@ struct TorchFile {
 /// where there is something to do: an empty, truncated or random file, the pre-1.6 legacy format (and how to
 /// re-save it), a TorchScript archive, a corrupt pickle, a refused global.
 TorchFile read_torch_file(const std::string& path, const ReadOptions& options = {});
+
+/// Like read_torch_file(), for an archive already in memory (`data`, e.g. received over a network or held by a
+/// fuzzer); `source` names it in error messages where read_torch_file() names the file.
+TorchFile read_torch_bytes(std::string_view data, const std::string& source, const ReadOptions& options = {});
 
 /// Writes `root` as Python's `torch.save` would: a zip with `data.pkl`, `byteorder` and one `data/<i>` record per
 /// storage. Tensors on a GPU are copied to the CPU and every storage is tagged `cpu`, so `torch.load(path)` and

@@ -303,10 +303,54 @@ int64_t step_of(const fs::path& file) {
   return std::stoll(digits);
 }
 
+// A layer's weight must hold its values itself: an expanded view (stride 0) of a few stored values could claim
+// any shape, and building a model of that shape would allocate memory the file never held.
+void check_stored(const at::Tensor& tensor, const std::string& name, const std::string& source) {
+  const auto stored = static_cast<int64_t>(tensor.storage().nbytes() / tensor.element_size());
+  DKIT_CHECK(tensor.numel() <= stored, source, ": '", name, "' has shape ", tensor.sizes(), " but its storage holds ",
+             stored, " values: an expanded view cannot be a layer's weight");
+}
+
+// The network 'model' describes must be the one whose weights 'model_state_dict' holds, checked before anything
+// builds it, so that a hostile 'model' entry cannot make dkit allocate more than the file's own tensors.
+void check_model_entry(const TrainingCheckpoint& checkpoint, const std::string& source) {
+  std::vector<int64_t> widths = {checkpoint.model.in_features()};
+  widths.insert(widths.end(), checkpoint.model.hidden().begin(), checkpoint.model.hidden().end());
+  widths.push_back(checkpoint.model.out_features());
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const std::string name = std::to_string(2 * i) + ".weight";
+    const at::Tensor* weight = checkpoint.model_state_dict.find(name);
+    const std::vector<int64_t> expected = {widths[i + 1], widths[i]};
+    DKIT_CHECK(weight != nullptr, source, ": 'model' describes a layer ", name, " of shape ",
+               c10::IntArrayRef(expected), " but 'model_state_dict' has no '", name, "'");
+    DKIT_CHECK(weight->sizes() == c10::IntArrayRef(expected), source, ": 'model' describes ", name, " as ",
+               c10::IntArrayRef(expected), " but 'model_state_dict' holds ", weight->sizes());
+    check_stored(*weight, name, source);
+  }
+}
+
 void sync_folder(const std::string& folder) {
   const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DKIT_CHECK(fd >= 0 && ::fsync(fd) == 0, "cannot sync folder ", folder, ": ", std::strerror(errno));
   ::close(fd);
+}
+
+// LibTorch checks the `left` and `next` counters of a CPU generator state (torch.get_rng_state()'s layout: uint64
+// seed, int32 left, int32 seeded, uint64 next, then the Mersenne Twister's 624 words) each on its own; a state with
+// both near 624 makes it read past the end of its array. Drawing reads words next .. next + left - 2.
+void check_cpu_generator_state(const at::Tensor& saved) {
+  const at::Tensor bytes = saved.to(at::kCPU).contiguous();
+  if (bytes.scalar_type() != at::kByte || bytes.numel() < 24) {
+    return;  // the size check in restore_rng_state() explains it
+  }
+  const auto* data = bytes.data_ptr<uint8_t>();
+  int32_t left = 0;
+  uint64_t next = 0;
+  std::memcpy(&left, data + 8, sizeof(left));
+  std::memcpy(&next, data + 16, sizeof(next));
+  DKIT_CHECK(left >= 1 && left <= 624 && next <= 624 && next + static_cast<uint64_t>(left) <= 625,
+             "cannot restore the CPU random generator: its saved state is inconsistent (left ", left, ", next ",
+             next, ")");
 }
 
 } // namespace
@@ -337,6 +381,7 @@ void restore_rng_state(const RngState& state) {
     generator.set_state(saved.to(at::kCPU).contiguous());
   };
   if (state.cpu.defined()) {
+    check_cpu_generator_state(state.cpu);
     restore(at::detail::getDefaultCPUGenerator(), state.cpu, "CPU");
   }
   const auto gpus = std::min(state.cuda.size(), torch::cuda::device_count());
@@ -489,6 +534,7 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
                          .activation(parse_activation(model.text("activation")))
                          .dropout(model.number("dropout"))
                          .bias(checkpoint.model_state_dict.contains("0.bias"));
+  check_model_entry(checkpoint, source);
   checkpoint.input_mean = fields.tensor("input_mean", /*optional=*/true);
   checkpoint.input_std = fields.tensor("input_std", /*optional=*/true);
   DKIT_CHECK(checkpoint.input_mean.defined() == checkpoint.input_std.defined(), source,
@@ -552,15 +598,15 @@ std::string CheckpointFolder::save(const TrainingCheckpoint& checkpoint) {
   std::snprintf(name, sizeof(name), "step-%06lld.pt", static_cast<long long>(checkpoint.step));
   const std::string step_path = (fs::path(path_) / name).string();
   const std::string last_path = (fs::path(path_) / "last.pt").string();
-  save_training_checkpoint(step_path, checkpoint);
-  const std::string link_path = last_path + ".tmp.link";
+  save_training_checkpoint(last_path, checkpoint);
+  const std::string link_path = step_path + ".tmp.link";
   ::unlink(link_path.c_str());
-  if (::link(step_path.c_str(), link_path.c_str()) == 0) {
-    DKIT_CHECK(::rename(link_path.c_str(), last_path.c_str()) == 0, "cannot replace ", last_path, ": ",
+  if (::link(last_path.c_str(), link_path.c_str()) == 0) {
+    DKIT_CHECK(::rename(link_path.c_str(), step_path.c_str()) == 0, "cannot write ", step_path, ": ",
                std::strerror(errno));
     sync_folder(path_);
   } else {
-    save_training_checkpoint(last_path, checkpoint);
+    save_training_checkpoint(step_path, checkpoint);
   }
   if (options_.keep() > 0) {
     const auto files = step_files();
@@ -635,32 +681,36 @@ at::Tensor LoadedMlp::predict(const at::Tensor& inputs) const {
 }
 
 LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options) {
-  const TorchFile file = read_torch_file(path, ReadOptions().limits(options.limits()));
+  return mlp_from(read_torch_file(path, ReadOptions().limits(options.limits())).root, path, options);
+}
+
+LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const LoadMlpOptions& options) {
   LoadedMlp loaded;
-  if (is_training_checkpoint(file.root)) {
-    TrainingCheckpoint checkpoint = training_checkpoint_from(file.root, path);
+  if (is_training_checkpoint(root)) {
+    TrainingCheckpoint checkpoint = training_checkpoint_from(root, source);
     loaded.net = Mlp(checkpoint.model);
-    load_state_dict(*loaded.net, checkpoint.model_state_dict, LoadStateDictOptions().source(path));
+    load_state_dict(*loaded.net, checkpoint.model_state_dict, LoadStateDictOptions().source(source));
     loaded.input_mean = checkpoint.input_mean;
     loaded.input_std = checkpoint.input_std;
   } else {
-    StateDict state_dict = state_dict_from(file.root, path, options.state_dict());
+    StateDict state_dict = state_dict_from(root, source, options.state_dict());
     const at::Tensor* mean = state_dict.find("input_mean");
     const at::Tensor* std = state_dict.find("input_std");
-    DKIT_CHECK((mean == nullptr) == (std == nullptr), path, ": has only one of 'input_mean' and 'input_std'");
+    DKIT_CHECK((mean == nullptr) == (std == nullptr), source, ": has only one of 'input_mean' and 'input_std'");
     if (mean != nullptr) {
       loaded.input_mean = *mean;
       loaded.input_std = *std;
       state_dict.erase("input_mean");
       state_dict.erase("input_std");
     }
-    loaded.net = mlp_from_state_dict(state_dict, MlpFromStateDictOptions().activation(options.activation()).source(path));
+    loaded.net =
+        mlp_from_state_dict(state_dict, MlpFromStateDictOptions().activation(options.activation()).source(source));
   }
   const int64_t in_features = loaded.net->options.in_features();
   if (loaded.input_mean.defined()) {
     DKIT_CHECK(loaded.input_mean.sizes() == at::IntArrayRef{in_features} &&
                    loaded.input_std.sizes() == at::IntArrayRef{in_features},
-               path, ": input_mean and input_std have shapes ", loaded.input_mean.sizes(), " and ",
+               source, ": input_mean and input_std have shapes ", loaded.input_mean.sizes(), " and ",
                loaded.input_std.sizes(), ", expected [", in_features, "] for the model's ", in_features, " inputs");
     loaded.input_mean = loaded.input_mean.to(options.device(), at::kFloat);
     loaded.input_std = loaded.input_std.to(options.device(), at::kFloat);

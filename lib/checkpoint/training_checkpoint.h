@@ -136,9 +136,11 @@ class CheckpointFolder {
     return path_;
   }
 
-  /// Writes `checkpoint` as the step file for `checkpoint.step`, then makes `last.pt` the same file (a hard link,
-  /// or a second write where links are not supported), then deletes step files beyond the retention count.
-  /// Temporary files left by a process killed while saving are removed first. Returns the step file's path.
+  /// Writes `checkpoint` as `last.pt`, then makes the step file for `checkpoint.step` the same file (a hard link,
+  /// or a second write where links are not supported), then deletes step files beyond the retention count. So
+  /// `last.pt` is always the newest complete checkpoint: a process killed during save() leaves the previous one
+  /// in place, or the new one, never a step file newer than `last.pt`. Temporary files left by a process killed
+  /// while saving are removed first. Returns the step file's path.
   std::string save(const TrainingCheckpoint& checkpoint);
 
   /// The step-numbered files present, newest (highest step) first.
@@ -183,6 +185,10 @@ struct LoadMlpOptions {
 /// (plain or nested, see state_dict_from() and mlp_from_state_dict()). `input_mean` and `input_std` come from the
 /// checkpoint, or from entries of those names beside the weights.
 LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options = {});
+
+/// Like load_mlp(), for a file's root value already read; `source` names the file in errors. `options.limits()`
+/// is not used here: it applies to reading the file.
+LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const LoadMlpOptions& options = {});
 
 /// Writes the network as a plain dict of tensors that Python's `torch.load` reads, keys in `nn.Sequential` naming
 /// (`0.weight`, `0.bias`, `2.weight`, ...), plus `input_mean` and `input_std` when the model has them.

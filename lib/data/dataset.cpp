@@ -275,7 +275,10 @@ bool Dataset::has_labels() const {
 }
 
 Dataset read_csv(const std::string& path, const CsvOptions& options) {
-  const std::string text = read_whole_file(path, "CSV file");
+  return parse_csv(read_whole_file(path, "CSV file"), path, options);
+}
+
+Dataset parse_csv(std::string_view text, const std::string& path, const CsvOptions& options) {
   std::vector<float> values;
   std::vector<int64_t> labels;
   int64_t columns = -1;

@@ -43,6 +43,10 @@ struct CsvOptions {
 /// `digits.csv:12: column 3: 'abc' is not a number`.
 Dataset read_csv(const std::string& path, const CsvOptions& options = {});
 
+/// Like read_csv(), for CSV text already in memory; `source` stands for the file name in the description and in
+/// error messages.
+Dataset parse_csv(std::string_view text, const std::string& source, const CsvOptions& options = {});
+
 /// Reads MNIST or Fashion-MNIST from the IDX files in `folder` through LibTorch's
 /// `torch::data::datasets::MNIST`: `train-images-idx3-ubyte` and `train-labels-idx1-ubyte` when `train`, else the
 /// `t10k-` pair. Files compressed as `NAME.gz` (as Debian's `dataset-fashion-mnist` ships them, in

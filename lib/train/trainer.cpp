@@ -233,9 +233,9 @@ struct Trainer::Impl {
       return;
     }
     const fs::path parent = out_dir.parent_path();
-    DKIT_CHECK(fs::is_directory(parent), "cannot create the run folder '", out_dir.string(), "': its parent '",
-               parent.string(), "' does not exist");
     std::error_code ec;
+    DKIT_CHECK(fs::is_directory(parent, ec), "cannot create the run folder '", out_dir.string(), "': its parent '",
+               parent.string(), fs::exists(parent, ec) ? "' is not a folder" : "' does not exist");
     fs::create_directories(out_dir / "checkpoints", ec);
     DKIT_CHECK(!ec, "cannot create the run folder '", out_dir.string(), "': ", ec.message());
     const fs::path probe = out_dir / ".dkit-write-test";

@@ -269,6 +269,24 @@ TEST_F(PickleTest, SelfReferenceIsAnErrorNotAHang) {
   EXPECT_EQ(error_message([&] { read(data); }), "test.pkl: the pickle nests deeper than 100 levels (max_depth)");
 }
 
+// Lists nested 300000 deep without a single MARK (`]` opens a list, `a` appends it to the one below): the depth
+// limit refuses them, and freeing them must not recurse once per level, which overflowed the stack.
+TEST_F(PickleTest, DeeplyNestedListsAreAnErrorNotAStackOverflow) {
+  constexpr int kLevels = 300000;
+  std::string data = Bytes().proto().str();
+  data.append(kLevels, ']');
+  data.append(kLevels - 1, 'a');
+  data += '.';
+  EXPECT_EQ(error_message([&] { read(data); }), "test.pkl: the pickle nests deeper than 100 levels (max_depth)");
+}
+
+// A list that holds itself (SelfReferenceIsAnErrorNotAHang) is a cycle of shared pointers inside the unpickler;
+// under scripts/sanitize.sh LeakSanitizer checks that it is freed. Here: a dict that holds itself, read whole.
+TEST_F(PickleTest, ContainersThatHoldThemselvesAreFreed) {
+  const auto data = Bytes().proto().op('}').op('q').u8(0).short_str("self").op('h').u8(0).op('s').stop().str();
+  EXPECT_EQ(error_message([&] { read(data); }), "test.pkl: the pickle nests deeper than 100 levels (max_depth)");
+}
+
 TEST_F(PickleTest, LimitsMemoEntries) {
   const auto data = Bytes().proto().int1(1).op('q').u8(0).op('q').u8(1).op('q').u8(2).stop().str();
   EXPECT_EQ(read(data, ReadLimits().max_memo(3)).to_int(), 1);

@@ -280,6 +280,57 @@ TEST_F(TorchFileTest, RejectsATensorOutsideItsStorageInAFile) {
                    "past the end of its storage");
 }
 
+TEST_F(TorchFileTest, ReadsAnArchiveInMemory) {
+  const TorchFile from_file = read_torch_file(fixture("general_checkpoint.pt"));
+  const TorchFile in_memory = read_torch_bytes(read_bytes(fixture("general_checkpoint.pt")), "in memory");
+  EXPECT_EQ(in_memory.archive, from_file.archive);
+  EXPECT_EQ(in_memory.version, from_file.version);
+  std::vector<std::pair<std::string, at::Tensor>> expected;
+  for_each_tensor(from_file.root, [&](const std::string& name, const PickleValue& tensor) {
+    expected.emplace_back(name, tensor.to_tensor());
+  });
+  size_t i = 0;
+  for_each_tensor(in_memory.root, [&](const std::string& name, const PickleValue& tensor) {
+    ASSERT_LT(i, expected.size());
+    EXPECT_EQ(name, expected[i].first);
+    EXPECT_TRUE(torch::equal(tensor.to_tensor(), expected[i].second)) << name;
+    ++i;
+  });
+  EXPECT_EQ(i, expected.size());
+  EXPECT_EQ(error_message([] { read_torch_bytes(std::string("PK\x03\x04", 4), "in memory"); }),
+            "in memory: truncated or corrupt zip archive: no end of central directory record (the file may have "
+            "been cut short)");
+}
+
+// Inputs the fuzzer found (scripts/fuzz.sh), kept in tests/fixtures/fuzz/. Each was a clean error already in a
+// normal build; the sanitizers saw what went wrong on the way, which the sanitized suite (scripts/sanitize.sh)
+// checks again here.
+
+// A central directory entry with an empty name: dkit's reader called memcpy with a null pointer (UBSan).
+TEST_F(TorchFileTest, FuzzFindingAnEntryWithAnEmptyName) {
+  const std::string path = fixture("fuzz/torch_file-empty-name-ub.pt");
+  EXPECT_EQ(error_message([&] { read_torch_file(path); }),
+            path + ": truncated or corrupt zip archive: record '' claims 397568 bytes but stores 6");
+}
+
+// A version record LibTorch cannot parse: PyTorchStreamReader's constructor threw after opening its zip reader,
+// which leaked (LeakSanitizer). dkit now checks the version itself before the constructor runs.
+TEST_F(TorchFileTest, FuzzFindingAnUnparsableVersionRecord) {
+  const std::string path = fixture("fuzz/torch_file-version-leak.pt");
+  EXPECT_EQ(error_message([&] { read_torch_file(path); }),
+            path + ": the archive's version record holds 'Z3', not a format version");
+}
+
+// The version record marked as a folder (DOS attribute 0x10): miniz returns a folder's bytes without writing
+// them, so PyTorchStreamReader parsed uninitialized memory as the version, threw, and leaked. The same would have
+// handed a storage record's uninitialized bytes to a tensor.
+TEST_F(TorchFileTest, FuzzFindingARecordMarkedAsAFolder) {
+  const std::string path = fixture("fuzz/torch_file-folder-entry.pt");
+  EXPECT_EQ(error_message([&] { read_torch_file(path); }),
+            path + ": truncated or corrupt zip archive: record 'nested_state_dict/version' is a folder entry, which "
+                   "torch.save never writes");
+}
+
 TEST_F(TorchFileTest, ReadsWhatItWrites) {
   const auto weight = torch::randn({4, 3});
   const auto half = torch::randn({2, 2}).to(torch::kHalf);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -283,6 +284,43 @@ TEST_F(TrainingCheckpointFileTest, ExplainsAFileThatIsNotATrainingCheckpoint) {
             newer + ": checkpoint format 2, this dkit reads format 1 (written by another dkit version?)");
 }
 
+// A hostile 'model' entry must not make dkit build (allocate) a network larger than the weights the file holds:
+// before the check, predict and export built an Mlp of [1099511627776, 4] and ran out of memory.
+TEST_F(TrainingCheckpointFileTest, RefusesAModelEntryThatDoesNotDescribeItsWeights) {
+  Mlp net(kModel);
+  auto optimizer = make_optimizer(Kind::kSGD, net->parameters());
+  const std::string path = dir_.file("c.pt");
+  save_training_checkpoint(path, snapshot(net, *optimizer, 1));
+  PickleValue root = read_torch_file(path).root;
+  root.set("model", PickleValue::dict({{"in_features", 4},
+                                       {"hidden", PickleValue::list({int64_t{1} << 40})},
+                                       {"out_features", 3},
+                                       {"activation", "relu"},
+                                       {"dropout", 0.0}}));
+  write_torch_file(path, root);
+  EXPECT_EQ(error_message([&] { load_mlp(path); }),
+            path + ": 'model' describes 0.weight as [1099511627776, 4] but 'model_state_dict' holds [16, 4]");
+  root.set("model", PickleValue::dict({{"in_features", 4},
+                                       {"hidden", PickleValue::list({16, 16})},
+                                       {"out_features", 3},
+                                       {"activation", "relu"},
+                                       {"dropout", 0.0}}));
+  write_torch_file(path, root);
+  EXPECT_EQ(error_message([&] { load_training_checkpoint(path); }),
+            path + ": 'model' describes 2.weight as [16, 16] but 'model_state_dict' holds [3, 16]");
+}
+
+// An expanded view (stride 0 over one stored value) may claim any shape; a layer built from it would allocate
+// what the file never held.
+TEST_F(TrainingCheckpointFileTest, RefusesAnExpandedViewAsALayersWeight) {
+  const std::string path = dir_.file("expanded.pt");
+  write_torch_file(path, PickleValue::ordered_dict({{"0.weight", torch::zeros({1}).expand({1 << 20, 1 << 20})},
+                                                    {"0.bias", torch::zeros({1}).expand({1 << 20})}}));
+  EXPECT_EQ(error_message([&] { load_mlp(path); }),
+            path + ": '0.weight' has shape [1048576, 1048576] but its storage holds 1 values: an expanded view "
+                   "cannot be a layer's weight");
+}
+
 TEST_F(TrainingCheckpointFileTest, RestoresTheCpuGenerator) {
   torch::randn({3});
   const RngState state = capture_rng_state();
@@ -296,6 +334,22 @@ TEST_F(TrainingCheckpointFileTest, RestoresTheCpuGenerator) {
   EXPECT_EQ(error_message([&] { restore_rng_state(bad); }),
             "cannot restore the CPU random generator: its saved state is 10 uint8 values, expected " +
                 std::to_string(state.cpu.numel()) + " uint8");
+}
+
+// LibTorch 1.13 accepts a CPU generator state with left = next = 624 and then draws from memory past its state
+// array; a checkpoint's state is checked before it reaches LibTorch.
+TEST_F(TrainingCheckpointFileTest, RefusesAnInconsistentCpuGeneratorState) {
+  RngState state = capture_rng_state();
+  const RngState before = state;
+  state.cpu = state.cpu.clone();
+  auto* bytes = state.cpu.data_ptr<uint8_t>();
+  const int32_t left = 624;
+  const uint64_t next = 624;
+  std::memcpy(bytes + 8, &left, sizeof(left));
+  std::memcpy(bytes + 16, &next, sizeof(next));
+  EXPECT_EQ(error_message([&] { restore_rng_state(state); }),
+            "cannot restore the CPU random generator: its saved state is inconsistent (left 624, next 624)");
+  EXPECT_TRUE(torch::equal(capture_rng_state().cpu, before.cpu)) << "the generator changed";
 }
 
 TEST_F(TrainingCheckpointFileTest, RestoresTheCudaGenerators_CUDA) {

@@ -86,6 +86,15 @@ TEST_F(CsvTest, ToleratesSpacesCrLfBlankLinesAndNoFinalNewline) {
   EXPECT_EQ(ints(data.labels), (std::vector<int64_t>{3, 1}));
 }
 
+TEST_F(CsvTest, ParsesTextInMemoryNamingItsSource) {
+  const Dataset data = parse_csv("1,2,0\n3,4,1\n", "memory.csv");
+  EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}})));
+  EXPECT_EQ(ints(data.labels), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(data.description, "memory.csv: 2 samples, 2 features, 2 classes");
+  EXPECT_EQ(error_message([] { parse_csv("1,2,0\n3,x,1\n", "memory.csv"); }),
+            "memory.csv:2: column 2: 'x' is not a number");
+}
+
 TEST_F(CsvTest, MissingFileNamesThePath) {
   const std::string path = dir_.file("absent.csv");
   EXPECT_EQ(error_message([&] { read_csv(path); }),

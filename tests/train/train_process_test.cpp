@@ -1,12 +1,20 @@
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/device/device.h>
 
 #include "../process.h"
 #include "../support.h"
 
+#include <sys/mount.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #ifdef DKIT_APP_PATH
@@ -18,6 +26,74 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using test::Process;
 using test::run_process;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The steps of the checkpoints a run's train.log says were written: save() had returned for each of them.
+std::vector<int64_t> logged_checkpoint_steps(const std::string& run) {
+  std::vector<int64_t> steps;
+  const std::string log = read_text(run + "/train.log");
+  const std::regex line("\\] checkpoint [^\\n]*step-0*([0-9]+)\\.pt\\n");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    steps.push_back(std::stoll((*it)[1].str()));
+  }
+  return steps;
+}
+
+// The last line of `text` (without its newline).
+std::string last_line(const std::string& text) {
+  const size_t end = text.size() > 0 && text.back() == '\n' ? text.size() - 1 : text.size();
+  const size_t start = text.rfind('\n', end == 0 ? 0 : end - 1);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1));
+}
+
+// The temporary files a save in progress leaves when its process is killed.
+int temporary_files(const std::string& folder) {
+  int count = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    count += it->path().filename().string().find(".tmp") != std::string::npos ? 1 : 0;
+  }
+  return count;
+}
+
+// A tmpfs mounted on a fresh folder for the test's lifetime, where the test may mount one (as root, or with
+// CAP_SYS_ADMIN); otherwise mounted() is false and error() says why.
+class TmpfsMount {
+ public:
+  TmpfsMount(const std::string& folder, const std::string& options, unsigned long flags = 0) : folder_(folder) {
+    fs::create_directories(folder);
+    if (::mount("tmpfs", folder.c_str(), "tmpfs", flags, options.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~TmpfsMount() {
+    if (mounted_) {
+      ::umount2(folder_.c_str(), MNT_DETACH);
+    }
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+
+  bool mounted() const {
+    return mounted_;
+  }
+  const std::string& error() const {
+    return error_;
+  }
+
+ private:
+  std::string folder_;
+  bool mounted_ = false;
+  std::string error_;
+};
 
 /// Runs the real `dkit` command in child processes, kills it, and resumes it.
 class TrainProcessTest : public test::SeedingFixture {
@@ -54,28 +130,58 @@ class TrainProcessTest : public test::SeedingFixture {
     return true;
   }
 
-  /// How long the uninterrupted reference run took: until its first checkpoint, and in all.
-  struct Timing {
+  /// How long the uninterrupted reference run took, and when its first checkpoint appeared.
+  struct ReferenceTimes {
+    double seconds = 0;
     double first_checkpoint = 0;
-    double total = 0;
   };
 
-  /// Trains without interruption into `reference`, timing it.
-  Timing train_reference() {
+  /// Trains without interruption into `reference`.
+  ReferenceTimes train_reference() {
     const auto start = Clock::now();
+    const auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
     Process reference(train(tmp_.file("reference")), tmp_.file("reference"));
-    const Timing timing{wait_for_checkpoint(tmp_.file("reference"), reference), 0};
+    ReferenceTimes times;
+    while (!reference.finished()) {
+      if (times.first_checkpoint == 0 && fs::exists(tmp_.file("reference/checkpoints/last.pt"))) {
+        times.first_checkpoint = since_start();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     EXPECT_EQ(reference.wait(), 0) << reference.err();
-    return {timing.first_checkpoint, std::chrono::duration<double>(Clock::now() - start).count()};
+    times.seconds = since_start();
+    return times;
   }
 
-  /// Seconds until `run`'s first checkpoint appears (or the process ends).
-  static double wait_for_checkpoint(const std::string& run, Process& process) {
-    const auto start = Clock::now();
-    while (!fs::exists(run + "/checkpoints/last.pt") && !process.finished()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  /// A config file in the test's folder: `yaml`, plus the lines every run here shares.
+  std::string write_config(const std::string& name, const std::string& yaml) const {
+    const std::string path = tmp_.file(name);
+    std::ofstream(path) << "device: cpu\nthreads: 1\nseed: 3\n" << yaml;
+    return path;
+  }
+
+  static std::vector<std::string> train_with(const std::string& config, const std::string& out,
+                                             const std::vector<std::string>& sets = {}) {
+    std::vector<std::string> argv = {DKIT_APP_PATH, "train", "--config", config, "--out", out, "--no-progress"};
+    for (const auto& set : sets) {
+      argv.insert(argv.end(), {"--set", set});
     }
-    return std::chrono::duration<double>(Clock::now() - start).count();
+    return argv;
+  }
+
+  static std::vector<std::string> resume_with(const std::string& out, const std::vector<std::string>& sets) {
+    std::vector<std::string> argv = resume(out);
+    for (const auto& set : sets) {
+      argv.insert(argv.end(), {"--set", set});
+    }
+    return argv;
+  }
+
+  /// Runs `argv` to its end and checks its exit status; the process, for its output.
+  std::unique_ptr<Process> run(const std::vector<std::string>& argv, const std::string& name, int expected) {
+    auto process = std::make_unique<Process>(argv, tmp_.file(name));
+    EXPECT_EQ(process->wait(), expected) << name << ":\n" << process->err();
+    return process;
   }
 
   test::TempDir tmp_;
@@ -83,9 +189,12 @@ class TrainProcessTest : public test::SeedingFixture {
 };
 
 TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
-  const Timing reference = train_reference();
+  const ReferenceTimes times = train_reference();
   const StateDict expected = weights(tmp_.file("reference"));
   std::mt19937 generator(11);
+  // Most kills land after the first checkpoint whatever the start-up takes (a sanitized build starts slower), some
+  // before it.
+  std::uniform_real_distribution<double> moment(times.first_checkpoint / 2, times.seconds);
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   int mid_run_kills = 0;
   for (int round = 0; round < 12 && Clock::now() < deadline; ++round) {
@@ -93,15 +202,7 @@ TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
     bool finished_before_kill = false;
     {
       Process victim(train(run), run);
-      // One round in four kills at any moment of start-up, the others once checkpoints are being written.
-      if (round % 4 == 0) {
-        std::uniform_real_distribution<double> moment(0.0, reference.first_checkpoint);
-        std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
-      } else {
-        wait_for_checkpoint(run, victim);
-        std::uniform_real_distribution<double> moment(0.0, reference.total - reference.first_checkpoint);
-        std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
-      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
       finished_before_kill = victim.finished();
       victim.signal(SIGKILL);
       victim.wait();
@@ -140,6 +241,195 @@ TEST_F(TrainProcessTest, SigtermWritesACheckpointExitsWith143AndResumesExactly) 
   Process again(resume(run), run + "-again");
   ASSERT_EQ(again.wait(), 0) << again.err();
   EXPECT_TRUE(bitwise_equal(weights(run), weights(tmp_.file("reference"))));
+}
+
+
+// kill -9 while checkpoints are being written: every save of this run writes about 16 MB (a 1.3M-parameter model
+// and its Adam state) after a step of a few milliseconds, so most kills land inside a save. After each kill,
+// last.pt must read, and be the newest complete checkpoint: at least as new as every step file and as every save
+// that train.log recorded as done. The same run folder is resumed and killed again, round after round.
+TEST_F(TrainProcessTest, KilledDuringCheckpointWritesLastIsAlwaysTheNewestCompleteOne) {
+  const std::string config = write_config(
+      "big.yaml", "data: {source: synthetic, samples: 600, features: 256, classes: 8}\n"
+                  "model: {hidden: [1024, 1024]}\n"
+                  "train: {epochs: 200, batch_size: 8, log_every: 1000, checkpoint_every: 1, keep_checkpoints: 2}\n");
+  const std::string run = tmp_.file("run");
+  const std::string folder = run + "/checkpoints";
+  std::mt19937 generator(7);
+  std::uniform_int_distribution<int> delay_ms(0, 250);
+  const auto deadline = Clock::now() + std::chrono::seconds(40);
+  int rounds = 0;
+  int kills_inside_a_save = 0;
+  int64_t newest = -1;
+  while (rounds < 25 && Clock::now() < deadline) {
+    const size_t saves_before = logged_checkpoint_steps(run).size();
+    const bool resuming = fs::exists(folder + "/last.pt");
+    Process victim(resuming ? resume(run) : train_with(config, run), tmp_.file("round" + std::to_string(rounds)));
+    // Wait for this process's first completed save, then kill it a few milliseconds later.
+    const auto give_up = Clock::now() + std::chrono::seconds(60);
+    while (logged_checkpoint_steps(run).size() <= saves_before && !victim.finished() && Clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_FALSE(victim.finished()) << "round " << rounds << ": the run ended before it was killed:\n"
+                                    << victim.err();
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(generator)));
+    victim.signal(SIGKILL);
+    EXPECT_EQ(victim.wait(), 128 + SIGKILL);
+    ++rounds;
+    kills_inside_a_save += temporary_files(folder) > 0 ? 1 : 0;
+
+    TrainingCheckpoint last;
+    std::string error;
+    ASSERT_TRUE(try_load_training_checkpoint(folder + "/last.pt", cpu(), last, error))
+        << "round " << rounds << ": last.pt is unreadable: " << error;
+    for (const auto& file : CheckpointFolder(run).step_files()) {
+      TrainingCheckpoint step;
+      EXPECT_TRUE(try_load_training_checkpoint(file, cpu(), step, error)) << "round " << rounds << ": " << error;
+      EXPECT_LE(step.step, last.step) << "round " << rounds << ": " << file << " is newer than last.pt";
+    }
+    const auto logged = logged_checkpoint_steps(run);
+    ASSERT_FALSE(logged.empty());
+    EXPECT_LE(logged.back(), last.step)
+        << "round " << rounds << ": a save train.log recorded as done is newer than last.pt";
+    EXPECT_GE(last.step, newest) << "round " << rounds << ": last.pt went back in time";
+    newest = last.step;
+  }
+  EXPECT_GE(rounds, 5) << "too few rounds in the time allowed";
+  EXPECT_GE(kills_inside_a_save, 2) << "too few of " << rounds << " kills landed inside a save";
+  std::cout << "[          ] " << rounds << " kills, " << kills_inside_a_save
+            << " inside a save (temporary files left), last.pt at step " << newest << "\n";
+}
+
+// A full disk during a save, on a tmpfs just large enough for three checkpoints: the fourth save fails with a
+// clear error, and the third checkpoint is left whole. Needs a tmpfs mount (root or CAP_SYS_ADMIN); the next test
+// covers the same failure with a file size limit where mounting is not allowed.
+TEST_F(TrainProcessTest, DiskFullDuringASaveIsAClearErrorAndKeepsThePreviousCheckpoint) {
+  const std::string config = write_config(
+      "disk.yaml", "data: {source: synthetic, samples: 200, features: 64, classes: 4}\nmodel: {hidden: [256]}\n"
+                   "train: {epochs: 50, batch_size: 16, checkpoint_every: 1, keep_checkpoints: 0}\n");
+  run(train_with(config, tmp_.file("probe"), {"train.max_steps=1"}), "probe", 0);
+  const auto checkpoint_bytes = fs::file_size(tmp_.file("probe/checkpoints/last.pt"));
+  // Three checkpoints, half of a fourth, and room for the logs and the config.
+  const auto size = 3 * checkpoint_bytes + checkpoint_bytes / 2 + 64 * 1024;
+  const TmpfsMount disk(tmp_.file("disk"), "size=" + std::to_string(size));
+  if (!disk.mounted()) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.error() << ")";
+  }
+  const std::string run_dir = tmp_.file("disk/run");
+  const auto process = run(train_with(config, run_dir), "disk", 1);
+  EXPECT_EQ(last_line(process->err()), "dkit: error: cannot write " + run_dir +
+                                          "/checkpoints/last.pt: No space left on device (the existing file is "
+                                          "unchanged)");
+  EXPECT_EQ(logged_checkpoint_steps(run_dir), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(load_training_checkpoint(run_dir + "/checkpoints/last.pt").step, 3);
+  EXPECT_EQ(CheckpointFolder(run_dir).step_files().size(), 3u);
+  EXPECT_EQ(temporary_files(run_dir + "/checkpoints"), 0);
+}
+
+// The same failure where a tmpfs cannot be mounted: a resumed run whose files may not grow past half a
+// checkpoint (RLIMIT_FSIZE, set by the shell, with SIGXFSZ ignored so that write() fails with EFBIG instead of
+// killing the process).
+TEST_F(TrainProcessTest, AFileSizeLimitDuringASaveIsAClearErrorAndKeepsThePreviousCheckpoint) {
+  const std::string config = write_config(
+      "limit.yaml", "data: {source: synthetic, samples: 200, features: 64, classes: 4}\nmodel: {hidden: [256]}\n"
+                    "train: {epochs: 50, batch_size: 16, checkpoint_every: 2, max_steps: 4}\n");
+  const std::string run_dir = tmp_.file("run");
+  run(train_with(config, run_dir), "first", 0);
+  const std::string last = run_dir + "/checkpoints/last.pt";
+  const std::string before = read_text(last);
+  const auto blocks = std::to_string(before.size() / 2 / 512);
+  std::string command = "trap '' XFSZ; ulimit -f " + blocks + "; exec";
+  for (const auto& arg : resume_with(run_dir, {"train.max_steps=8"})) {
+    command += " '" + arg + "'";
+  }
+  const auto process = run({"/bin/sh", "-c", command}, "limited", 1);
+  EXPECT_EQ(last_line(process->err()),
+            "dkit: error: cannot write " + last + ": File too large (the existing file is unchanged)");
+  EXPECT_EQ(read_text(last), before);
+  EXPECT_EQ(temporary_files(run_dir + "/checkpoints"), 0);
+}
+
+// An --out that cannot be written is an error before anything is trained: a missing parent, a file as the
+// parent, and a read-only folder. The read-only case needs a read-only mount (root ignores permission bits), or,
+// for another user, a folder without write permission.
+TEST_F(TrainProcessTest, AnUnwritableOutIsAnErrorBeforeTraining) {
+  const std::string config = write_config(
+      "small.yaml", "data: {source: synthetic, samples: 100, features: 4, classes: 2}\nmodel: {hidden: [4]}\n");
+  const auto expect_refused = [&](const std::string& out, const std::string& reason) {
+    const auto process = run(train_with(config, out), "out", 1);
+    EXPECT_EQ(process->err(), "dkit: error: cannot create the run folder '" + out + "': " + reason + "\n");
+    EXPECT_EQ(process->out(), "");
+    EXPECT_FALSE(fs::exists(out + "/checkpoints/last.pt"));
+  };
+  expect_refused(tmp_.file("no/such/run"), "its parent '" + tmp_.file("no/such") + "' does not exist");
+  std::ofstream(tmp_.file("a-file")) << "x";
+  expect_refused(tmp_.file("a-file/run"), "its parent '" + tmp_.file("a-file") + "' is not a folder");
+
+  const TmpfsMount read_only(tmp_.file("ro"), "size=64k", MS_RDONLY);
+  if (read_only.mounted()) {
+    expect_refused(tmp_.file("ro/run"), "Read-only file system");
+    expect_refused(tmp_.file("ro"), "Read-only file system");
+  } else if (::geteuid() != 0) {
+    fs::permissions(tmp_.file("ro"), fs::perms::owner_read | fs::perms::owner_exec);
+    expect_refused(tmp_.file("ro/run"), "Permission denied");
+    fs::permissions(tmp_.file("ro"), fs::perms::owner_all);
+  } else {
+    GTEST_SKIP() << "root, and cannot mount a read-only tmpfs here (" << read_only.error()
+                 << "): no way to make a folder read-only";
+  }
+}
+
+// --resume when the newest checkpoint is corrupt (cut short, as a full disk or a bad copy leaves it): dkit says
+// which files it skipped and why, resumes from the newest good one, and finishes the run.
+TEST_F(TrainProcessTest, ResumeSkipsCorruptNewestCheckpointsAndSaysSo) {
+  const std::string config = write_config(
+      "resume.yaml", "data: {source: synthetic, samples: 200, features: 8, classes: 3}\nmodel: {hidden: [16]}\n"
+                     "train: {epochs: 20, batch_size: 16, checkpoint_every: 2, max_steps: 6}\n");
+  const std::string run_dir = tmp_.file("run");
+  run(train_with(config, run_dir), "first", 0);
+  const std::string folder = run_dir + "/checkpoints";
+  // last.pt and step-000006.pt are one file (a hard link) where the file system allows; cut both short.
+  for (const std::string name : {"last.pt", "step-000006.pt"}) {
+    fs::resize_file(folder + "/" + name, fs::file_size(folder + "/" + name) / 2);
+  }
+  const auto process = run(resume_with(run_dir, {"train.max_steps=10"}), "resumed", 0);
+  const std::string cut = ": truncated or corrupt zip archive: no end of central directory record (the file may "
+                          "have been cut short)\n";
+  const std::string said = "dkit: warning: skipped an unreadable checkpoint: " + folder + "/last.pt" + cut +
+                           "dkit: warning: skipped an unreadable checkpoint: " + folder + "/step-000006.pt" + cut +
+                           "dkit: resuming from " + folder + "/step-000004.pt\n";
+  EXPECT_EQ(process->err().substr(0, said.size()), said);
+  EXPECT_NE(read_text(run_dir + "/train.log").find("resumed from " + folder + "/step-000004.pt at step 4"),
+            std::string::npos);
+  EXPECT_EQ(load_training_checkpoint(folder + "/last.pt").step, 10);
+}
+
+// A data set that changed between a run and its resume: the checksum saved in the checkpoint no longer matches,
+// and resuming is refused with a message rather than continuing on other data.
+TEST_F(TrainProcessTest, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
+  const std::string csv = tmp_.file("data.csv");
+  std::ifstream digits(std::string(DKIT_SOURCE_DIR) + "/data/digits.csv");
+  std::string rows;
+  std::string line;
+  for (int i = 0; i < 200 && std::getline(digits, line); ++i) {
+    rows += line + "\n";
+  }
+  std::ofstream(csv) << rows;
+  const std::string config = write_config(
+      "data.yaml", "data: {source: csv, path: " + csv + "}\nmodel: {hidden: [16]}\n"
+                   "train: {epochs: 5, batch_size: 16, max_steps: 3}\n");
+  const std::string run_dir = tmp_.file("run");
+  run(train_with(config, run_dir), "first", 0);
+  const std::string last = run_dir + "/checkpoints/last.pt";
+  const std::string before = read_text(last);
+  rows[rows.find(",") - 1] = '9';  // one pixel of the first sample
+  std::ofstream(csv) << rows;
+  const auto process = run(resume_with(run_dir, {"train.max_steps=6"}), "resumed", 1);
+  const std::regex refusal("dkit: resuming from " + last + "\ndkit: error: cannot resume from " + last +
+                           ": the training data changed since it was written \\(checksum fnv1a64:[0-9a-f]{16}, now "
+                           "fnv1a64:[0-9a-f]{16}\\); start a new run instead\n");
+  EXPECT_TRUE(std::regex_match(process->err(), refusal)) << process->err();
+  EXPECT_EQ(read_text(last), before);
 }
 
 } // namespace

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds dkit's library, command and test suite with sanitizers (DKIT_SANITIZE, default address,undefined) in a
+# build folder of their own, and runs the tests. Fails when a test fails or when any process of the run (the test
+# program, the dkit commands it starts, the CLI tests) wrote a sanitizer report: every report goes to a file in
+# BUILD/sanitizer-reports/, which this script prints.
+#
+#   scripts/sanitize.sh                          # the whole suite, in build-sanitize/, with clang when present
+#   scripts/sanitize.sh -R 'Pickle|TorchFile'    # with arguments: plain ctest with them, one process per test
+#   SANITIZE_CXX=g++ DKIT_SANITIZE=address scripts/sanitize.sh
+#
+# Without arguments the GoogleTest program runs whole, in one shard per CPU (GTEST_TOTAL_SHARDS), and ctest runs
+# the other tests (the CLI tests); this is the same suite as ctest's, without paying a sanitized LibTorch start-up
+# for each of its 300 tests. With clang, the build also has the fuzz targets (DKIT_FUZZ), so that
+# FUZZ_BUILD_DIR=build-sanitize scripts/fuzz.sh reuses it.
+#
+# LibTorch is not instrumented; scripts/sanitizers/*.supp would suppress reports from inside it (each entry says
+# why; none is needed today). The packaging tests are left out (DKIT_INSTALL=OFF): they install and rebuild dkit
+# as a package and test nothing a sanitizer looks at.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${SANITIZE_BUILD_DIR:-build-sanitize}
+sanitizers=${DKIT_SANITIZE:-address,undefined}
+cxx=${SANITIZE_CXX:-$(command -v clang++ || command -v g++)}
+shards=${SANITIZE_SHARDS:-$(nproc)}
+
+configure=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" -DDKIT_SANITIZE="$sanitizers" -DDKIT_INSTALL=OFF)
+if "$cxx" --version | grep -q clang; then
+  configure+=(-DDKIT_FUZZ=ON)
+fi
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then
+  configure+=(-G Ninja)
+fi
+echo "sanitize: configuring $build with $cxx, -fsanitize=$sanitizers"
+mkdir -p "$build"
+cmake -S . -B "$build" "${configure[@]}" >"$build/sanitize-configure.log" 2>&1 ||
+  { cat "$build/sanitize-configure.log" >&2; exit 1; }
+start=$(date +%s)
+cmake --build "$build" --parallel "$(nproc)"
+echo "sanitize: built in $(($(date +%s) - start)) s"
+
+root=$(pwd)
+reports="$root/$build/sanitizer-reports"
+rm -rf "$reports"
+mkdir -p "$reports"
+supp="$root/scripts/sanitizers"
+# log_path sends each process's report to reports/KIND.PID instead of its stderr, so that a report from a child
+# process (a dkit command a test runs and expects to fail) is not lost in a test that passes.
+export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1:strict_string_checks=1:check_initialization_order=1"
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="log_path=$reports/ubsan:print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp"
+symbolizer=$(command -v llvm-symbolizer || ls /usr/lib/llvm-*/bin/llvm-symbolizer 2>/dev/null | head -n1 || true)
+if [ -n "$symbolizer" ]; then
+  export ASAN_SYMBOLIZER_PATH="$symbolizer"
+fi
+
+start=$(date +%s)
+status=0
+if [ "$#" -gt 0 ]; then
+  ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" "$@" || status=$?
+else
+  echo "sanitize: dkit_tests in $shards shards, then ctest for the tests that are not GoogleTest's"
+  pids=()
+  for ((shard = 0; shard < shards; ++shard)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard "$build/tests/dkit_tests" >"$build/sanitize-shard-$shard.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((shard = 0; shard < shards; ++shard)); do
+    if wait "${pids[$shard]}"; then
+      echo "sanitize: shard $shard: $(grep -E '^\[  PASSED  \]' "$build/sanitize-shard-$shard.log" || echo 'no tests')"
+    else
+      status=1
+      echo "sanitize: shard $shard FAILED:" >&2
+      grep -E '^\[  FAILED  \]|Failure$' -A6 "$build/sanitize-shard-$shard.log" >&2 || tail -n 40 "$build/sanitize-shard-$shard.log" >&2
+    fi
+  done
+  # GoogleTest's tests are named Suite.Test with a capitalized suite; the others (cli.*, docker.*) are not.
+  ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" -E '^[A-Z][A-Za-z0-9_/]*\.' || status=$?
+fi
+echo "sanitize: tests ran in $(($(date +%s) - start)) s"
+
+shopt -s nullglob
+found=("$reports"/*)
+if [ "${#found[@]}" -ne 0 ]; then
+  echo "sanitize: ${#found[@]} sanitizer report(s):" >&2
+  for report in "${found[@]}"; do
+    echo "==== $report" >&2
+    cat "$report" >&2
+  done
+  exit 1
+fi
+if [ "$status" -ne 0 ]; then
+  echo "sanitize: tests failed (no sanitizer reports)" >&2
+  exit "$status"
+fi
+echo "sanitize: all tests passed, no sanitizer reports"
