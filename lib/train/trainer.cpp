@@ -8,6 +8,8 @@
 #include <dkit/device/device.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/optim.h>
+#include <dkit/train/step.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -83,11 +85,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const FullTrainConfig& c
       return std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
     case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(params,
-                                                  torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+      return std::make_unique<FusedAdam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
     case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(params,
-                                                   torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+      return std::make_unique<FusedAdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(c.optimizer));
 }
@@ -300,12 +300,6 @@ struct Trainer::Impl {
     return out.str();
   }
 
-  void zero_grad() {
-    for (auto& param : model->parameters()) {
-      param.mutable_grad() = at::Tensor();
-    }
-  }
-
   void open_metrics_csv(bool append) {
     const fs::path path = out_dir / "metrics.csv";
     const bool exists = append && fs::exists(path);
@@ -472,7 +466,7 @@ struct Trainer::Impl {
     Progress progress(options.progress() && options.console() && isatty(STDERR_FILENO) == 1, total_steps);
     progress.line(start);
     const int64_t syncs_before = host_sync_count();
-    const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+    TrainStep train_step(model, *optimizer);
     bool finished = step >= total_steps;
     model->train();
     train_clock.start();
@@ -480,12 +474,8 @@ struct Trainer::Impl {
     while (!finished && epoch < config.epochs) {
       loader->start_epoch(epoch, epoch_step);
       while (auto batch = loader->next()) {
-        zero_grad();
-        const auto logits = model->forward(batch->features);
-        const auto loss_sum = torch::nn::functional::cross_entropy(logits, batch->labels, sum_options);
-        (loss_sum / static_cast<double>(batch->global_samples)).backward();
-        optimizer->step();
-        metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch->labels).sum()});
+        const StepOutput out = train_step.run(batch->features, batch->labels, batch->global_samples);
+        metrics.add({out.loss_sum, out.correct});
         ++step;
         ++epoch_step;
         window_samples += batch->global_samples;

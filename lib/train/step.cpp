@@ -1,0 +1,207 @@
+#include <dkit/train/step.h>
+
+#include <dkit/core/compat.h>
+#include <dkit/core/error.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#if DKIT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dkit {
+namespace {
+
+const auto kSumOptions = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+
+// The gradient of `loss_sum / global_samples` with respect to `loss_sum`, as the division's backward computes
+// it (a float32 division), without the division and its autograd node.
+at::Tensor mean_gradient(const at::Tensor& loss_sum, int64_t global_samples) {
+  return at::full({}, 1.0f / static_cast<float>(global_samples), loss_sum.options());
+}
+
+} // namespace
+
+TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer)
+    : model_(std::move(model)), optimizer_(&optimizer), parameters_(model_->parameters()) {}
+
+StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
+  TORCH_CHECK(global_samples > 0, "TrainStep::run needs a positive global_samples, got ", global_samples);
+  for (auto& param : parameters_) {
+    param.mutable_grad() = at::Tensor();
+  }
+  const at::Tensor logits = model_->forward(features);
+  const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, labels, kSumOptions);
+  loss_sum.backward(mean_gradient(loss_sum, global_samples));
+  optimizer_->step();
+  const at::NoGradGuard no_grad;
+  return {loss_sum.detach(), logits.detach().argmax(1).eq(labels).sum()};
+}
+
+#if DKIT_WITH_CUDA
+struct CudaGraphStep::Impl {
+  Mlp model;
+  torch::optim::Adam* optimizer;
+  std::vector<at::Tensor> parameters;
+  std::vector<torch::optim::AdamParamState*> states;
+  int64_t batch_size;
+  int64_t warmup_steps;
+  int64_t steps_done = 0;
+  c10::cuda::CUDAStream side;
+  at::Tensor static_features;
+  at::Tensor static_labels;
+  at::Tensor neg_step_size;
+  at::Tensor bias_correction2_sqrt;
+  StepOutput static_output;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+
+  Impl(Mlp m, torch::optim::Adam& adam, int64_t batch, int64_t num_features, int64_t warmup)
+      : model(std::move(m)),
+        optimizer(&adam),
+        parameters(model->parameters()),
+        batch_size(batch),
+        warmup_steps(warmup),
+        side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, parameters.front().device().index())) {
+    const at::Device device = parameters.front().device();
+    DKIT_CHECK(device.is_cuda(), "a CUDA graph step needs the model on a GPU, it is on ", device.str());
+    DKIT_CHECK(batch_size > 0, "a CUDA graph step needs a positive batch size, got ", batch_size);
+    DKIT_CHECK(warmup_steps >= 1, "a CUDA graph step needs at least 1 warm-up step, got ", warmup_steps);
+    DKIT_CHECK(optimizer->param_groups().size() == 1, "a CUDA graph step needs an Adam with one parameter group");
+    const auto& options = static_cast<const torch::optim::AdamOptions&>(optimizer->param_groups()[0].options());
+    DKIT_CHECK(!options.amsgrad(), "a CUDA graph step does not support Adam's amsgrad");
+    using Key = std::decay_t<decltype(optimizer->state())>::key_type;
+    for (const auto& param : parameters) {
+      auto& entry = optimizer->state()[compat::optimizer_state_key<Key>(param)];
+      if (!entry) {
+        auto fresh = std::make_unique<torch::optim::AdamParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(param, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Preserve));
+        entry = std::move(fresh);
+      }
+      states.push_back(static_cast<torch::optim::AdamParamState*>(entry.get()));
+    }
+    const auto on_device = at::TensorOptions().device(device);
+    static_features = at::zeros({batch_size, num_features}, on_device.dtype(at::kFloat));
+    static_labels = at::zeros({batch_size}, on_device.dtype(at::kLong));
+    neg_step_size = at::zeros({}, on_device.dtype(at::kFloat));
+    bias_correction2_sqrt = at::ones({}, on_device.dtype(at::kFloat));
+  }
+
+  const torch::optim::AdamOptions& options() const {
+    return static_cast<const torch::optim::AdamOptions&>(optimizer->param_groups()[0].options());
+  }
+
+  // Host side of an Adam step, outside the graph: the step counts and the bias corrections they imply.
+  void prepare_update() {
+    const int64_t step = states.front()->step() + 1;
+    for (auto* state : states) {
+      TORCH_INTERNAL_ASSERT(state->step() + 1 == step, "Adam parameters at different steps in a CUDA graph step");
+      state->step(step);
+    }
+    const double beta1 = std::get<0>(options().betas());
+    const double beta2 = std::get<1>(options().betas());
+    const double bias_correction1 = 1 - std::pow(beta1, step);
+    const double bias_correction2 = 1 - std::pow(beta2, step);
+    neg_step_size.fill_(-(options().lr() / bias_correction1));
+    bias_correction2_sqrt.fill_(std::sqrt(bias_correction2));
+  }
+
+  // Device side of the Adam step, captured: torch::optim::Adam's operations with the bias corrections read from
+  // the device.
+  void apply_update() {
+    const at::NoGradGuard no_grad;
+    const double beta1 = std::get<0>(options().betas());
+    const double beta2 = std::get<1>(options().betas());
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor& param = parameters[i];
+      at::Tensor grad = param.grad();
+      if (options().weight_decay() != 0) {
+        grad = grad.add(param, options().weight_decay());
+      }
+      at::Tensor& exp_avg = states[i]->exp_avg();
+      at::Tensor& exp_avg_sq = states[i]->exp_avg_sq();
+      exp_avg.mul_(beta1).add_(grad, 1 - beta1);
+      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      const at::Tensor denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(options().eps());
+      param.addcdiv_(exp_avg * neg_step_size, denom);
+    }
+  }
+
+  StepOutput forward_backward() {
+    const at::Tensor logits = model->forward(static_features);
+    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, static_labels, kSumOptions);
+    loss_sum.backward(mean_gradient(loss_sum, batch_size));
+    const at::NoGradGuard no_grad;
+    return {loss_sum.detach(), logits.detach().argmax(1).eq(static_labels).sum()};
+  }
+
+  void clear_grads() {
+    for (auto& param : parameters) {
+      param.mutable_grad() = at::Tensor();
+    }
+  }
+
+  StepOutput run(const at::Tensor& features, const at::Tensor& labels) {
+    DKIT_CHECK(features.dim() == 2 && features.size(0) == batch_size && labels.dim() == 1 &&
+                   labels.size(0) == batch_size,
+               "a CUDA graph step was made for batches of ", batch_size, " rows, got features ", features.sizes(),
+               " and labels ", labels.sizes());
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(side.device_index());
+    static_features.copy_(features, /*non_blocking=*/true);
+    static_labels.copy_(labels, /*non_blocking=*/true);
+    prepare_update();
+    if (graph) {
+      graph->replay();
+      ++steps_done;
+      return static_output;
+    }
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(side);
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      clear_grads();
+      if (steps_done < warmup_steps) {
+        static_output = forward_backward();
+        apply_update();
+      } else {
+        graph = std::make_unique<at::cuda::CUDAGraph>();
+        graph->capture_begin();
+        static_output = forward_backward();
+        apply_update();
+        graph->capture_end();
+      }
+    }
+    at::cuda::CUDAEvent done;
+    done.record(side);
+    done.block(current);
+    if (graph) {
+      graph->replay();
+    }
+    ++steps_done;
+    return static_output;
+  }
+};
+
+CudaGraphStep::CudaGraphStep(Mlp model, torch::optim::Adam& optimizer, int64_t batch_size, int64_t num_features,
+                             int64_t warmup_steps)
+    : impl_(std::make_unique<Impl>(std::move(model), optimizer, batch_size, num_features, warmup_steps)) {}
+
+CudaGraphStep::~CudaGraphStep() = default;
+
+StepOutput CudaGraphStep::run(const at::Tensor& features, const at::Tensor& labels) {
+  return impl_->run(features, labels);
+}
+
+bool CudaGraphStep::captured() const {
+  return impl_->graph != nullptr;
+}
+#endif
+
+} // namespace dkit

@@ -1,0 +1,127 @@
+#include <dkit/train/step.h>
+
+#include <dkit/device/device.h>
+#include <dkit/train/optim.h>
+
+#include "../support.h"
+
+namespace dkit {
+namespace {
+
+class TrainStepTest : public test::SeedingFixture {
+ protected:
+  static Mlp model() {
+    torch::manual_seed(3);
+    return Mlp(MlpOptions(12, {32, 16}, 5));
+  }
+
+  static std::vector<std::pair<at::Tensor, at::Tensor>> batches(int64_t count, int64_t rows) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> out;
+    for (int64_t i = 0; i < count; ++i) {
+      out.emplace_back(torch::randn({rows, 12}), torch::randint(0, 5, {rows}));
+    }
+    return out;
+  }
+
+  static void expect_equal_parameters(const Mlp& a, const Mlp& b) {
+    const auto pa = a->parameters();
+    const auto pb = b->parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+    }
+  }
+};
+
+TEST_F(TrainStepTest, IsBitwiseTheTextbookLoopWithTheLossDividedByTheGlobalBatch) {
+  Mlp reference = model();
+  Mlp stepped = model();
+  torch::optim::Adam reference_optimizer(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  FusedAdam optimizer(stepped->parameters(), torch::optim::AdamOptions(1e-2));
+  TrainStep step(stepped, optimizer);
+  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (const auto& [x, y] : batches(6, 29)) {
+    const int64_t global_samples = 2 * x.size(0);
+    reference_optimizer.zero_grad();
+    const at::Tensor logits = reference->forward(x);
+    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, y, sum);
+    (loss_sum / static_cast<double>(global_samples)).backward();
+    reference_optimizer.step();
+
+    const StepOutput out = step.run(x, y, global_samples);
+    EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach()));
+    EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(y).sum().item<int64_t>());
+    EXPECT_FALSE(out.loss_sum.requires_grad());
+    EXPECT_EQ(out.loss_sum.dim(), 0);
+  }
+  expect_equal_parameters(reference, stepped);
+}
+
+TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  TrainStep step(net, optimizer);
+  EXPECT_EQ(test::error_message([&] { step.run(torch::randn({2, 12}), torch::zeros({2}, torch::kLong), 0); }),
+            "TrainStep::run needs a positive global_samples, got 0");
+}
+
+#if DKIT_WITH_CUDA
+TEST_F(TrainStepTest, CudaGraphStepEqualsTheEagerStep_CUDA) {
+  Mlp eager = model();
+  Mlp graphed = model();
+  place_module(eager, gpu(0));
+  place_module(graphed, gpu(0));
+  torch::optim::Adam eager_optimizer(eager->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam graph_optimizer(graphed->parameters(), torch::optim::AdamOptions(1e-2));
+  TrainStep eager_step(eager, eager_optimizer);
+  CudaGraphStep graph_step(graphed, graph_optimizer, /*batch_size=*/29, /*num_features=*/12, /*warmup_steps=*/2);
+  for (const auto& [x, y] : batches(8, 29)) {
+    const at::Tensor gx = x.to(gpu(0));
+    const at::Tensor gy = y.to(gpu(0));
+    const StepOutput a = eager_step.run(gx, gy, 29);
+    const StepOutput b = graph_step.run(gx, gy);
+    EXPECT_TRUE(torch::allclose(a.loss_sum, b.loss_sum, /*rtol=*/1e-5, /*atol=*/1e-6));
+    EXPECT_EQ(a.correct.item<int64_t>(), b.correct.item<int64_t>());
+  }
+  EXPECT_TRUE(graph_step.captured());
+  const auto pa = eager->parameters();
+  const auto pb = graphed->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(pa[i], pb[i], /*rtol=*/1e-5, /*atol=*/1e-6))
+        << "parameter " << i << ": max difference " << (pa[i] - pb[i]).abs().max().item<float>();
+  }
+}
+
+TEST_F(TrainStepTest, CudaGraphReplayIsBitwiseItsOwnEagerWarmUp_CUDA) {
+  // The same batches through a graph step that never captures (a warm-up longer than the run) and one that
+  // captures after one step: the captured update must be the eager one exactly.
+  Mlp never = model();
+  Mlp early = model();
+  place_module(never, gpu(0));
+  place_module(early, gpu(0));
+  torch::optim::Adam never_optimizer(never->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam early_optimizer(early->parameters(), torch::optim::AdamOptions(1e-2));
+  CudaGraphStep never_step(never, never_optimizer, 29, 12, /*warmup_steps=*/100);
+  CudaGraphStep early_step(early, early_optimizer, 29, 12, /*warmup_steps=*/1);
+  for (const auto& [x, y] : batches(6, 29)) {
+    never_step.run(x.to(gpu(0)), y.to(gpu(0)));
+    early_step.run(x.to(gpu(0)), y.to(gpu(0)));
+  }
+  EXPECT_FALSE(never_step.captured());
+  EXPECT_TRUE(early_step.captured());
+  expect_equal_parameters(never, early);
+}
+
+TEST_F(TrainStepTest, CudaGraphStepRejectsAnotherBatchSize_CUDA) {
+  Mlp net = model();
+  place_module(net, gpu(0));
+  torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(1e-2));
+  CudaGraphStep step(net, optimizer, 8, 12);
+  const std::string message = test::error_message(
+      [&] { step.run(torch::randn({4, 12}, gpu(0)), torch::zeros({4}, torch::TensorOptions(gpu(0)).dtype(torch::kLong))); });
+  EXPECT_EQ(message, "a CUDA graph step was made for batches of 8 rows, got features [4, 12] and labels [4]");
+}
+#endif
+
+} // namespace
+} // namespace dkit
