@@ -27,11 +27,138 @@ at::Tensor mean_gradient(const at::Tensor& loss_sum, int64_t global_samples) {
 
 } // namespace
 
+// The backward pass of an Mlp written out: each LibTorch call below is the one autograd's formula for the forward
+// operation makes (torch/csrc/autograd/FunctionsManual.cpp, derivatives.yaml), on tensors of the same shapes and
+// strides, so that the values are the same bit for bit; outputs go into buffers kept from step to step.
+struct TrainStep::Direct {
+  Activation activation;
+  std::vector<at::Tensor> weights;
+  std::vector<at::Tensor> biases;
+  std::vector<at::Tensor> weight_grads;
+  std::vector<at::Tensor> bias_grads;
+  // Per layer: the output of addmm, then of the activation (the same tensor when it is applied in place).
+  std::vector<at::Tensor> pre;
+  std::vector<at::Tensor> post;
+  std::vector<at::Tensor> grad_pre;
+  at::Tensor grad_post;
+  at::Tensor log_probs;
+  at::Tensor grad_log_probs;
+  at::Tensor grad_logits;
+
+  explicit Direct(const Mlp& model) : activation(model->options.activation()) {
+    for (const auto& layer : model->layers()) {
+      weights.push_back(layer->weight);
+      biases.push_back(layer->bias);
+      weight_grads.push_back(at::empty_like(layer->weight, at::MemoryFormat::Contiguous));
+      bias_grads.push_back(at::empty_like(layer->bias, at::MemoryFormat::Contiguous));
+    }
+    const size_t layers = weights.size();
+    pre.resize(layers);
+    post.resize(layers);
+    grad_pre.resize(layers);
+    for (size_t i = 0; i < layers; ++i) {
+      pre[i] = at::empty({0}, weights[i].options());
+      post[i] = activation == Activation::kGELU ? at::empty({0}, weights[i].options()) : pre[i];
+      grad_pre[i] = at::empty({0}, weights[i].options());
+    }
+    grad_post = at::empty({0}, weights[0].options());
+    log_probs = at::empty({0}, weights[0].options());
+    grad_log_probs = at::empty({0}, weights[0].options());
+    grad_logits = at::empty({0}, weights[0].options());
+  }
+
+  static bool supports(const Mlp& model) {
+    return model->options.dropout() == 0.0 && model->options.bias();
+  }
+
+  bool accepts(const at::Tensor& features, const at::Tensor& labels) const {
+    const at::Tensor& first = weights.front();
+    return !features.requires_grad() && features.dim() == 2 && features.scalar_type() == first.scalar_type() &&
+           features.device() == first.device() && labels.dim() == 1 && labels.scalar_type() == at::kLong &&
+           labels.device() == first.device() && features.size(0) == labels.size(0) && features.size(0) > 0 &&
+           features.size(1) == first.size(1);
+  }
+
+  void activate(size_t layer) {
+    switch (activation) {
+      case Activation::kReLU: at::relu_(pre[layer]); break;
+      case Activation::kTanh: at::tanh_(pre[layer]); break;
+      case Activation::kGELU: at::gelu_out(post[layer], pre[layer]); break;
+    }
+  }
+
+  void activation_backward(size_t layer) {
+    switch (activation) {
+      case Activation::kReLU: at::threshold_backward_out(grad_pre[layer], grad_post, post[layer], 0); break;
+      case Activation::kTanh: at::tanh_backward_out(grad_pre[layer], grad_post, post[layer]); break;
+      case Activation::kGELU: at::gelu_backward_out(grad_pre[layer], grad_post, pre[layer]); break;
+    }
+  }
+
+  StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
+                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
+    const at::NoGradGuard no_grad;
+    const size_t layers = weights.size();
+    const at::Tensor* input = &features;
+    for (size_t i = 0; i < layers; ++i) {
+      at::addmm_out(pre[i], biases[i], *input, weights[i].t());
+      if (i + 1 < layers) {
+        activate(i);
+        input = &post[i];
+      }
+    }
+    const at::Tensor& logits = pre.back();
+    at::_log_softmax_out(log_probs, logits, 1, /*half_to_float=*/false);
+    const auto [loss_sum, total_weight] =
+        at::nll_loss_forward(log_probs, labels, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
+    at::nll_loss_backward_out(grad_log_probs, mean_gradient(loss_sum, global_samples), log_probs, labels,
+                              /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100, total_weight);
+    at::_log_softmax_backward_data_out(grad_logits, grad_log_probs, log_probs, 1, log_probs.scalar_type());
+    const at::Tensor* grad = &grad_logits;
+    for (size_t i = layers; i-- > 0;) {
+      at::mm_out(weight_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
+      at::sum_out(bias_grads[i], *grad, {0});
+      if (i == 0) {
+        break;
+      }
+      at::mm_out(grad_post, *grad, weights[i]);
+      activation_backward(i - 1);
+      grad = &grad_pre[i - 1];
+    }
+    for (size_t i = 0; i < layers; ++i) {
+      weights[i].mutable_grad() = weight_grads[i];
+      biases[i].mutable_grad() = bias_grads[i];
+    }
+    TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
+    optimizer.step();
+    return {loss_sum, logits.argmax(1).eq(labels).sum()};
+  }
+};
+
 TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer)
-    : model_(std::move(model)), optimizer_(&optimizer), parameters_(model_->parameters()) {}
+    : model_(std::move(model)), optimizer_(&optimizer), parameters_(model_->parameters()) {
+  if (Direct::supports(model_)) {
+    direct_ = std::make_unique<Direct>(model_);
+  }
+}
+
+TrainStep::~TrainStep() = default;
+TrainStep::TrainStep(TrainStep&&) noexcept = default;
+TrainStep& TrainStep::operator=(TrainStep&&) noexcept = default;
+
+bool TrainStep::direct() const {
+  return direct_ != nullptr;
+}
 
 StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
   TORCH_CHECK(global_samples > 0, "TrainStep::run needs a positive global_samples, got ", global_samples);
+  if (direct_ && direct_->accepts(features, labels)) {
+    return direct_->run(features, labels, global_samples, parameters_, *optimizer_);
+  }
+  return run_autograd(features, labels, global_samples);
+}
+
+StepOutput TrainStep::run_autograd(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
   for (auto& param : parameters_) {
     param.mutable_grad() = at::Tensor();
   }

@@ -24,9 +24,15 @@ struct StepOutput {
   at::Tensor correct;
 };
 
-/// One optimizer step of an Mlp classifier, as dkit::Trainer and the `train` benchmark run it: gradients set to
-/// none, forward, summed cross-entropy, backward with the gradient of the mean over the global batch (so that the
-/// ranks' gradients add up to that of the global mean), optimizer step. It never waits for the device. Example:
+/// One optimizer step of an Mlp classifier, as dkit::Trainer and the `train` benchmark run it: forward, summed
+/// cross-entropy, backward with the gradient of the mean over the global batch (so that the ranks' gradients add
+/// up to that of the global mean), optimizer step. It never waits for the device.
+///
+/// For an Mlp without dropout the backward pass is written out, layer by layer, as the LibTorch operations that
+/// autograd would run for it (addmm's, log_softmax's, nll_loss's and the activation's backward formulas), into
+/// buffers reused from step to step: the same values bit for bit, without building and walking an autograd graph
+/// and without allocating each step. The parameters' gradients are then those buffers. With dropout, or inputs
+/// that require gradients, the step is autograd's (gradients set to none, `backward()`). Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);
@@ -41,10 +47,22 @@ class TrainStep {
   /// all processes has `global_samples` rows.
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples);
 
+  /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
+  bool direct() const;
+
+  ~TrainStep();
+  TrainStep(TrainStep&&) noexcept;
+  TrainStep& operator=(TrainStep&&) noexcept;
+
  private:
+  struct Direct;
+
+  StepOutput run_autograd(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples);
+
   Mlp model_;
   torch::optim::Optimizer* optimizer_;
   std::vector<at::Tensor> parameters_;
+  std::unique_ptr<Direct> direct_;
 };
 
 #if DKIT_WITH_CUDA

@@ -10,9 +10,44 @@ namespace {
 
 class TrainStepTest : public test::SeedingFixture {
  protected:
-  static Mlp model() {
+  static Mlp model(Activation activation = Activation::kReLU, double dropout = 0.0) {
     torch::manual_seed(3);
-    return Mlp(MlpOptions(12, {32, 16}, 5));
+    return Mlp(MlpOptions(12, {32, 16}, 5).activation(activation).dropout(dropout));
+  }
+
+  /// TrainStep against the loop PyTorch's tutorials write, with torch::optim::Adam: bitwise the same.
+  void expect_textbook_steps(Activation activation, double dropout, int threads, bool direct) {
+    const int previous_threads = at::get_num_threads();
+    at::set_num_threads(threads);
+    Mlp reference = model(activation, dropout);
+    Mlp stepped = model(activation, dropout);
+    torch::optim::Adam reference_optimizer(reference->parameters(), torch::optim::AdamOptions(1e-2));
+    FusedAdam optimizer(stepped->parameters(), torch::optim::AdamOptions(1e-2));
+    TrainStep step(stepped, optimizer);
+    EXPECT_EQ(step.direct(), direct);
+    const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+    int64_t index = 0;
+    for (const auto& [x, y] : batches(6, 29)) {
+      const int64_t global_samples = 2 * x.size(0);
+      const at::Tensor rows_x = x.narrow(0, 0, index % 2 == 0 ? 29 : 17);
+      const at::Tensor rows_y = y.narrow(0, 0, rows_x.size(0));
+      ++index;
+      torch::manual_seed(100 + index);
+      reference_optimizer.zero_grad();
+      const at::Tensor logits = reference->forward(rows_x);
+      const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, rows_y, sum);
+      (loss_sum / static_cast<double>(global_samples)).backward();
+      reference_optimizer.step();
+
+      torch::manual_seed(100 + index);
+      const StepOutput out = step.run(rows_x, rows_y, global_samples);
+      EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
+      EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(rows_y).sum().item<int64_t>());
+      EXPECT_FALSE(out.loss_sum.requires_grad());
+      EXPECT_EQ(out.loss_sum.dim(), 0);
+    }
+    at::set_num_threads(previous_threads);
+    expect_equal_parameters(reference, stepped);
   }
 
   static std::vector<std::pair<at::Tensor, at::Tensor>> batches(int64_t count, int64_t rows) {
@@ -33,28 +68,39 @@ class TrainStepTest : public test::SeedingFixture {
   }
 };
 
-TEST_F(TrainStepTest, IsBitwiseTheTextbookLoopWithTheLossDividedByTheGlobalBatch) {
-  Mlp reference = model();
-  Mlp stepped = model();
-  torch::optim::Adam reference_optimizer(reference->parameters(), torch::optim::AdamOptions(1e-2));
-  FusedAdam optimizer(stepped->parameters(), torch::optim::AdamOptions(1e-2));
-  TrainStep step(stepped, optimizer);
-  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
-  for (const auto& [x, y] : batches(6, 29)) {
-    const int64_t global_samples = 2 * x.size(0);
-    reference_optimizer.zero_grad();
-    const at::Tensor logits = reference->forward(x);
-    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, y, sum);
-    (loss_sum / static_cast<double>(global_samples)).backward();
-    reference_optimizer.step();
+TEST_F(TrainStepTest, WrittenOutBackwardIsBitwiseTheTextbookLoop) {
+  expect_textbook_steps(Activation::kReLU, 0.0, /*threads=*/1, /*direct=*/true);
+}
 
-    const StepOutput out = step.run(x, y, global_samples);
-    EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach()));
-    EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(y).sum().item<int64_t>());
-    EXPECT_FALSE(out.loss_sum.requires_grad());
-    EXPECT_EQ(out.loss_sum.dim(), 0);
+TEST_F(TrainStepTest, WrittenOutBackwardIsBitwiseTheTextbookLoopOnTwoThreads) {
+  expect_textbook_steps(Activation::kReLU, 0.0, /*threads=*/2, /*direct=*/true);
+}
+
+TEST_F(TrainStepTest, WrittenOutBackwardOfTanhAndGeluIsBitwiseTheTextbookLoop) {
+  expect_textbook_steps(Activation::kTanh, 0.0, /*threads=*/1, /*direct=*/true);
+  expect_textbook_steps(Activation::kGELU, 0.0, /*threads=*/1, /*direct=*/true);
+}
+
+TEST_F(TrainStepTest, DropoutTakesAutogradAndIsBitwiseTheTextbookLoop) {
+  expect_textbook_steps(Activation::kReLU, 0.25, /*threads=*/1, /*direct=*/false);
+}
+
+TEST_F(TrainStepTest, GradientsAreTheParametersOwnAfterAStep) {
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.0));
+  TrainStep step(net, optimizer);
+  const auto [x, y] = batches(1, 8).front();
+  step.run(x, y, 8);
+  Mlp copy = model();
+  const at::Tensor loss = torch::nn::functional::cross_entropy(
+      copy->forward(x), y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  (loss / 8.0).backward();
+  const auto mine = net->parameters();
+  const auto theirs = copy->parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    ASSERT_TRUE(mine[i].grad().defined()) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(mine[i].grad(), theirs[i].grad())) << "parameter " << i;
   }
-  expect_equal_parameters(reference, stepped);
 }
 
 TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
