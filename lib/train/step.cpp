@@ -36,14 +36,16 @@ struct TrainStep::Direct {
   std::vector<at::Tensor> biases;
   std::vector<at::Tensor> weight_grads;
   std::vector<at::Tensor> bias_grads;
-  // Per layer: the output of addmm, then of the activation (the same tensor when it is applied in place).
+  // Per layer: the output of addmm, then of the activation (the same tensor when it is applied in place), and
+  // the gradients with respect to both.
   std::vector<at::Tensor> pre;
   std::vector<at::Tensor> post;
   std::vector<at::Tensor> grad_pre;
-  at::Tensor grad_post;
+  std::vector<at::Tensor> grad_post;
   at::Tensor log_probs;
   at::Tensor grad_log_probs;
   at::Tensor grad_logits;
+  int64_t rows = -1;
 
   explicit Direct(const Mlp& model) : activation(model->options.activation()) {
     for (const auto& layer : model->layers()) {
@@ -53,18 +55,33 @@ struct TrainStep::Direct {
       bias_grads.push_back(at::empty_like(layer->bias, at::MemoryFormat::Contiguous));
     }
     const size_t layers = weights.size();
-    pre.resize(layers);
-    post.resize(layers);
-    grad_pre.resize(layers);
+    const auto options = weights.front().options();
     for (size_t i = 0; i < layers; ++i) {
-      pre[i] = at::empty({0}, weights[i].options());
-      post[i] = activation == Activation::kGELU ? at::empty({0}, weights[i].options()) : pre[i];
-      grad_pre[i] = at::empty({0}, weights[i].options());
+      pre.push_back(at::empty({0}, options));
+      post.push_back(activation == Activation::kGELU ? at::empty({0}, options) : pre[i]);
+      grad_pre.push_back(at::empty({0}, options));
+      grad_post.push_back(at::empty({0}, options));
     }
-    grad_post = at::empty({0}, weights[0].options());
-    log_probs = at::empty({0}, weights[0].options());
-    grad_log_probs = at::empty({0}, weights[0].options());
-    grad_logits = at::empty({0}, weights[0].options());
+    log_probs = at::empty({0}, options);
+    grad_log_probs = at::empty({0}, options);
+    grad_logits = at::empty({0}, options);
+  }
+
+  // Gives every buffer its shape for batches of `n` rows, so that the `_out` calls neither reallocate nor warn.
+  void shape_for(int64_t n) {
+    if (n == rows) {
+      return;
+    }
+    rows = n;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const int64_t width = weights[i].size(0);
+      for (at::Tensor* buffer : {&pre[i], &post[i], &grad_pre[i], &grad_post[i]}) {
+        buffer->resize_({n, width});
+      }
+    }
+    for (at::Tensor* buffer : {&log_probs, &grad_log_probs, &grad_logits}) {
+      buffer->resize_({n, weights.back().size(0)});
+    }
   }
 
   static bool supports(const Mlp& model) {
@@ -89,9 +106,9 @@ struct TrainStep::Direct {
 
   void activation_backward(size_t layer) {
     switch (activation) {
-      case Activation::kReLU: at::threshold_backward_out(grad_pre[layer], grad_post, post[layer], 0); break;
-      case Activation::kTanh: at::tanh_backward_out(grad_pre[layer], grad_post, post[layer]); break;
-      case Activation::kGELU: at::gelu_backward_out(grad_pre[layer], grad_post, pre[layer]); break;
+      case Activation::kReLU: at::threshold_backward_out(grad_pre[layer], grad_post[layer], post[layer], 0); break;
+      case Activation::kTanh: at::tanh_backward_out(grad_pre[layer], grad_post[layer], post[layer]); break;
+      case Activation::kGELU: at::gelu_backward_out(grad_pre[layer], grad_post[layer], pre[layer]); break;
     }
   }
 
@@ -99,6 +116,7 @@ struct TrainStep::Direct {
                  std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
     const at::NoGradGuard no_grad;
     const size_t layers = weights.size();
+    shape_for(features.size(0));
     const at::Tensor* input = &features;
     for (size_t i = 0; i < layers; ++i) {
       at::addmm_out(pre[i], biases[i], *input, weights[i].t());
@@ -121,7 +139,7 @@ struct TrainStep::Direct {
       if (i == 0) {
         break;
       }
-      at::mm_out(grad_post, *grad, weights[i]);
+      at::mm_out(grad_post[i - 1], *grad, weights[i]);
       activation_backward(i - 1);
       grad = &grad_pre[i - 1];
     }

@@ -40,7 +40,9 @@ class TrainStepTest : public test::SeedingFixture {
       reference_optimizer.step();
 
       torch::manual_seed(100 + index);
+      testing::internal::CaptureStderr();
       const StepOutput out = step.run(rows_x, rows_y, global_samples);
+      EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "a batch of " << rows_x.size(0) << " rows";
       EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
       EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(rows_y).sum().item<int64_t>());
       EXPECT_FALSE(out.loss_sum.requires_grad());
