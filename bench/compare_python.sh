@@ -2,7 +2,7 @@
 # dkit's full trainer against real PyTorch on the CPU, measured in the same run (issue 4's performance check).
 #
 #   bench/compare_python.sh [--dkit BUILD/dkit] [--python /usr/bin/python3] [--rounds 3] [--steps 3000]
-#                           [--batch 64] [--threads 2] [--out DIR] [--no-matmul]
+#                           [--batch 64] [--threads 2] [--out DIR] [--no-matmul] [--baseline OTHER/dkit]
 #
 # Both sides train the MLP [64, 256, 256, 10] with Adam (lr 1e-3) on data/digits.csv (standardised), batch 64,
 # the same number of steps and the same number of threads:
@@ -20,6 +20,9 @@
 # rate, FLOPs per step = 6 * B * sum(in * out) + 13 per parameter (Adam), over the measured step time, as a
 # fraction of the best matmul rate of the same run and of the rate at n = 256.
 #
+# --baseline runs a second dkit command (another build, e.g. of an older commit) the same way in every round, to
+# measure a change of dkit's speed against the same PyTorch figures.
+#
 # Outputs go to DIR (default: a new folder under /tmp): every raw output, results.json and summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,7 @@ batch=64
 threads=2
 out=""
 matmul=1
+baseline=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dkit) dkit=$2; shift 2 ;;
@@ -42,11 +46,13 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-matmul) matmul=0; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --baseline) baseline=$2; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_python: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -x "$dkit" ] || { echo "compare_python: no dkit command at '$dkit' (build it, or give --dkit)" >&2; exit 1; }
+[ -z "$baseline" ] || [ -x "$baseline" ] || { echo "compare_python: no dkit command at '$baseline'" >&2; exit 1; }
 "$python" -c 'import torch' 2>/dev/null || { echo "compare_python: '$python' cannot import torch" >&2; exit 1; }
 [ -n "$out" ] || out=$(mktemp -d /tmp/dkit-compare-XXXXXX)
 mkdir -p "$out"
@@ -66,19 +72,21 @@ run_python() {
 }
 
 run_dkit() {
-  local round=$1
-  log "-- round $round dkit | $(date -u +%H:%M:%S) | loadavg $(loadavg)"
-  rm -rf "$out/dkit-$round"
-  "$dkit" train --config configs/digits.yaml --set device=cpu --set threads="$threads" \
+  local round=$1 name=${2:-dkit} command=${3:-$dkit}
+  log "-- round $round $name ($command) | $(date -u +%H:%M:%S) | loadavg $(loadavg)"
+  rm -rf "$out/$name-$round"
+  "$command" train --config configs/digits.yaml --set device=cpu --set threads="$threads" \
     --set train.batch_size="$batch" --set train.max_steps="$steps" --set train.epochs=100000 \
-    --out "$out/dkit-$round" --no-progress >"$out/dkit-$round.out" 2>&1
-  echo "{\"round\": $round, \"loadavg\": \"$(loadavg)\"}" >"$out/dkit-$round.load"
+    --out "$out/$name-$round" --no-progress >"$out/$name-$round.out" 2>&1
+  echo "{\"round\": $round, \"loadavg\": \"$(loadavg)\"}" >"$out/$name-$round.load"
 }
 
 for round in $(seq 1 "$rounds"); do
   if [ $((round % 2)) -eq 1 ]; then
     run_python "$round"; run_dkit "$round"
+    [ -z "$baseline" ] || run_dkit "$round" baseline "$baseline"
   else
+    [ -z "$baseline" ] || run_dkit "$round" baseline "$baseline"
     run_dkit "$round"; run_python "$round"
   fi
 done
@@ -146,6 +154,14 @@ for r in range(1, rounds + 1):
     })
     rows[-1]["ratio_steady"] = steady / best["samples_per_second"]
     rows[-1]["ratio_whole"] = summary["samples_per_second"] / best["samples_per_second"]
+    if os.path.exists(os.path.join(out, f"baseline-{r}", "summary.json")):
+        base = json.load(open(os.path.join(out, f"baseline-{r}", "summary.json")))
+        base_steady = dkit_steady(os.path.join(out, f"baseline-{r}"), base["samples"] / base["steps"])
+        rows[-1]["baseline_whole"] = base["samples_per_second"]
+        rows[-1]["baseline_steady"] = base_steady
+        rows[-1]["baseline_ratio_steady"] = base_steady / best["samples_per_second"]
+        rows[-1]["speedup_over_baseline"] = steady / base_steady
+        rows[-1]["baseline_load"] = json.load(open(os.path.join(out, f"baseline-{r}.load")))["loadavg"]
 
 matmul = {}
 if os.path.exists(os.path.join(out, "matmul.csv")):
@@ -166,8 +182,15 @@ for row in rows:
     print(f"{row['round']:>5}  {row['python']:>16.0f} ({row['python_loop']:>9})  {row['dkit_whole']:>15.0f}  "
           f"{row['dkit_steady']:>11.0f}  {row['ratio_steady']:>6.2f}  {row['ratio_whole']:>13.2f}  "
           f"{row['python_load']} | {row['dkit_load']}")
+baseline = "baseline_steady" in rows[0]
+if baseline:
+    print("baseline (--baseline), steady samples/s per round: " +
+          ", ".join(f"{row['baseline_steady']:.0f} (load {row['baseline_load'].split()[0]})" for row in rows))
 result = {"rounds": rows}
-for key in ("python", "dkit_whole", "dkit_steady", "ratio_steady", "ratio_whole", "python_ms_per_step", "dkit_ms_per_step"):
+keys = ["python", "dkit_whole", "dkit_steady", "ratio_steady", "ratio_whole", "python_ms_per_step", "dkit_ms_per_step"]
+if baseline:
+    keys += ["baseline_whole", "baseline_steady", "baseline_ratio_steady", "speedup_over_baseline"]
+for key in keys:
     median, low, high = spread(key)
     result[key] = {"median": median, "min": low, "max": high}
     print(f"{key:>18}: median {median:.4g}  (min {low:.4g}, max {high:.4g})")

@@ -25,6 +25,31 @@ at::Tensor mean_gradient(const at::Tensor& loss_sum, int64_t global_samples) {
   return at::full({}, 1.0f / static_cast<float>(global_samples), loss_sum.options());
 }
 
+// `logits.argmax(1).eq(labels).sum()` in one pass for float32 CPU logits, with at::argmax's rule: the first
+// largest entry of a row, a NaN counting as larger than any number.
+at::Tensor correct_count(const at::Tensor& logits, const at::Tensor& labels) {
+  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || !logits.is_contiguous() ||
+      !labels.is_contiguous()) {
+    return logits.argmax(1).eq(labels).sum();
+  }
+  const int64_t rows = logits.size(0);
+  const int64_t classes = logits.size(1);
+  const float* values = logits.data_ptr<float>();
+  const int64_t* targets = labels.data_ptr<int64_t>();
+  int64_t correct = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = values + r * classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c) {
+      if (!std::isnan(row[best]) && (std::isnan(row[c]) || row[c] > row[best])) {
+        best = c;
+      }
+    }
+    correct += best == targets[r] ? 1 : 0;
+  }
+  return at::scalar_tensor(correct, at::TensorOptions().dtype(at::kLong));
+}
+
 } // namespace
 
 // The backward pass of an Mlp written out: each LibTorch call below is the one autograd's formula for the forward
@@ -46,6 +71,8 @@ struct TrainStep::Direct {
   at::Tensor grad_log_probs;
   at::Tensor grad_logits;
   int64_t rows = -1;
+  at::Tensor seed_gradient;
+  int64_t seed_samples = 0;
 
   explicit Direct(const Mlp& model) : activation(model->options.activation()) {
     for (const auto& layer : model->layers()) {
@@ -129,8 +156,12 @@ struct TrainStep::Direct {
     at::_log_softmax_out(log_probs, logits, 1, /*half_to_float=*/false);
     const auto [loss_sum, total_weight] =
         at::nll_loss_forward(log_probs, labels, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
-    at::nll_loss_backward_out(grad_log_probs, mean_gradient(loss_sum, global_samples), log_probs, labels,
-                              /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100, total_weight);
+    if (seed_samples != global_samples) {
+      seed_gradient = mean_gradient(loss_sum, global_samples);
+      seed_samples = global_samples;
+    }
+    at::nll_loss_backward_out(grad_log_probs, seed_gradient, log_probs, labels, /*weight=*/{}, at::Reduction::Sum,
+                              /*ignore_index=*/-100, total_weight);
     at::_log_softmax_backward_data_out(grad_logits, grad_log_probs, log_probs, 1, log_probs.scalar_type());
     const at::Tensor* grad = &grad_logits;
     for (size_t i = layers; i-- > 0;) {
@@ -149,7 +180,7 @@ struct TrainStep::Direct {
     }
     TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
     optimizer.step();
-    return {loss_sum, logits.argmax(1).eq(labels).sum()};
+    return {loss_sum, correct_count(logits, labels)};
   }
 };
 

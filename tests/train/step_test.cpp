@@ -5,6 +5,8 @@
 
 #include "../support.h"
 
+#include <limits>
+
 namespace dkit {
 namespace {
 
@@ -103,6 +105,28 @@ TEST_F(TrainStepTest, GradientsAreTheParametersOwnAfterAStep) {
     ASSERT_TRUE(mine[i].grad().defined()) << "parameter " << i;
     EXPECT_TRUE(torch::equal(mine[i].grad(), theirs[i].grad())) << "parameter " << i;
   }
+}
+
+TEST_F(TrainStepTest, CountsCorrectRowsAsArgmaxDoesWithTiesAndNaN) {
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.0));
+  TrainStep step(net, optimizer);
+  ASSERT_TRUE(step.direct());
+  const at::Tensor x = torch::randn({40, 12});
+  const at::Tensor y = torch::randint(0, 5, {40});
+  {
+    const at::NoGradGuard no_grad;
+    net->layers().back()->weight.zero_();
+    net->layers().back()->bias.copy_(torch::tensor({1.0f, 3.0f, 3.0f, 0.0f, -2.0f}));
+  }
+  const int64_t ties = y.eq(1).sum().item<int64_t>();
+  EXPECT_EQ(step.run(x, y, 40).correct.item<int64_t>(), ties) << "the first of equal largest logits counts";
+  {
+    const at::NoGradGuard no_grad;
+    net->layers().back()->bias[4] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const int64_t nans = y.eq(4).sum().item<int64_t>();
+  EXPECT_EQ(step.run(x, y, 40).correct.item<int64_t>(), nans) << "a NaN logit counts as the largest";
 }
 
 TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
