@@ -4,6 +4,7 @@
 #include <dkit/core/error.h>
 #include <dkit/device/device.h>
 
+#include <ATen/Parallel.h>
 #include <cxxopts.hpp>
 
 #include <iostream>
@@ -37,11 +38,21 @@ int run_bench(Args args) {
                         cxxopts::value<std::vector<std::string>>(), "D");
   options.add_options()("repeat", "timed samples per case; 0: the suite's default",
                         cxxopts::value<int64_t>()->default_value("0"), "N");
-  options.add_options()("sizes", "problem sizes, comma-separated: matrix sides (matmul, logging, multi-gpu) or bytes "
-                                 "(transfer)",
+  options.add_options()("sizes", "problem sizes, comma-separated: matrix sides (matmul, logging, multi-gpu), bytes "
+                                 "(transfer) or batch sizes (train)",
                         cxxopts::value<std::vector<int64_t>>(), "N,...");
-  options.add_options()("steps", "steps per timed run (logging); 0: the suite's default (1000)",
+  options.add_options()("steps", "steps per timed run (logging, train); 0: the suite's default (logging: 1000, "
+                                 "train: a quarter of a second's worth)",
                         cxxopts::value<int64_t>()->default_value("0"), "N");
+  options.add_options()("threads", "LibTorch's CPU threads (at::set_num_threads) for the whole run; 0: leave "
+                                   "LibTorch's default",
+                        cxxopts::value<int64_t>()->default_value("0"), "N");
+  options.add_options()("python", "Python interpreter with torch for train's PyTorch side; 'none' to leave it out "
+                                  "(default: /usr/bin/python3 when it exists, else python3)",
+                        cxxopts::value<std::string>(), "PATH");
+  options.add_options()("python-script", "train's PyTorch script (default: bench/python/mlp_train.py of the "
+                                         "source tree)",
+                        cxxopts::value<std::string>(), "FILE");
   options.add_options()("quick", "smaller default sizes and fewer steps: seconds instead of minutes");
   options.add_options()("json", "also write every result to FILE as JSON", cxxopts::value<std::string>(), "FILE");
   options.add_options()("csv", "also write the table to FILE as CSV (for bench/plot)", cxxopts::value<std::string>(),
@@ -72,6 +83,17 @@ int run_bench(Args args) {
   DKIT_CHECK(repeat >= 0, "--repeat must be 1 or more (0 for the suite's default), got ", repeat);
   DKIT_CHECK(steps >= 0, "--steps must be 1 or more (0 for the suite's default), got ", steps);
   suite_options.repeat(repeat).steps(steps);
+  const auto threads = result["threads"].as<int64_t>();
+  DKIT_CHECK(threads >= 0, "--threads must be 1 or more (0 for LibTorch's default), got ", threads);
+  if (threads > 0) {
+    at::set_num_threads(static_cast<int>(threads));
+  }
+  if (result.count("python") != 0) {
+    suite_options.python(result["python"].as<std::string>());
+  }
+  if (result.count("python-script") != 0) {
+    suite_options.python_script(result["python-script"].as<std::string>());
+  }
   if (result.count("sizes") != 0) {
     suite_options.sizes(result["sizes"].as<std::vector<int64_t>>());
   }

@@ -23,4 +23,6 @@
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
 #include <dkit/train/config.h>
+#include <dkit/train/optim.h>
+#include <dkit/train/step.h>
 #include <dkit/train/trainer.h>

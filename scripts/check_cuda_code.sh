@@ -31,7 +31,7 @@ fi
 status=0
 for source in $(grep -rl --include='*.cpp' 'DKIT_WITH_CUDA' lib app tests bench 2>/dev/null | sort); do
   echo "check_cuda_code: $source"
-  if ! g++ -std=c++17 -fsyntax-only -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -DDKIT_FIXTURES_DIR='""' \
+  if ! g++ -std=c++17 -fsyntax-only -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -DDKIT_FIXTURES_DIR='""' -DDKIT_BENCH_SOURCE_DIR='""' \
       -I"$shim" -I"$build/include" -Itests -I/usr/include/torch/csrc/api/include -I"$cuda_include" \
       "$source"; then
     status=1

@@ -11,8 +11,10 @@ Two loops, as PyTorch users write them:
   slicing     perm = torch.randperm(n); x, y = X[perm[i:i+B]], y[perm[i:i+B]]
 Both accumulate the loss with `loss.item()` every step, as the PyTorch tutorials do.
 
-Warm-up steps run first and are not timed; on CUDA the clock is read after torch.cuda.synchronize().
-Prints one JSON object per loop on stdout.
+Warm-up steps run first and are not timed; on CUDA the clock is read after torch.cuda.synchronize(). Then
+--repeat timed runs of --steps steps each continue the same training (steady state). A last partial batch of an
+epoch counts its own samples. Prints one JSON object per loop on stdout: ms_per_step and samples_per_second of
+the median run, and every run's seconds.
 
     /usr/bin/python3 bench/python/mlp_train.py --steps 3000 --batch 64 --hidden 256,256 --threads 2
 """
@@ -54,7 +56,7 @@ def sync(device):
 
 def train_dataloader(model, opt, X, y, batch, steps, device):
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=batch, shuffle=True)
-    done, running_loss = 0, 0.0
+    done, samples, running_loss = 0, 0, 0.0
     while True:
         for xb, yb in loader:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
@@ -64,13 +66,14 @@ def train_dataloader(model, opt, X, y, batch, steps, device):
             opt.step()
             running_loss += loss.item()
             done += 1
+            samples += xb.shape[0]
             if done == steps:
-                return running_loss / steps
+                return running_loss / steps, samples
 
 
 def train_slicing(model, opt, X, y, batch, steps, device):
     X, y = X.to(device), y.to(device)
-    n, done, running_loss = X.shape[0], 0, 0.0
+    n, done, samples, running_loss = X.shape[0], 0, 0, 0.0
     while True:
         perm = torch.randperm(n, device=device)
         for i in range(0, n, batch):
@@ -82,8 +85,9 @@ def train_slicing(model, opt, X, y, batch, steps, device):
             opt.step()
             running_loss += loss.item()
             done += 1
+            samples += xb.shape[0]
             if done == steps:
-                return running_loss / steps
+                return running_loss / steps, samples
 
 
 LOOPS = {"dataloader": train_dataloader, "slicing": train_slicing}
@@ -96,6 +100,7 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3000, help="timed steps")
     parser.add_argument("--warmup", type=int, default=100, help="untimed steps first")
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs of --steps steps, one after the other")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 leaves PyTorch's default")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="cpu")
@@ -120,17 +125,23 @@ def main():
         torch.manual_seed(args.seed)
         model = build_model(X.shape[1], hidden, classes).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-        loop(model, opt, X, y, args.batch, args.warmup, device)
-        sync(device)
-        start = time.perf_counter()
-        loss = loop(model, opt, X, y, args.batch, args.steps, device)
-        sync(device)
-        seconds = time.perf_counter() - start
+        if args.warmup > 0:
+            loop(model, opt, X, y, args.batch, args.warmup, device)
+        runs = []
+        for _ in range(args.repeat):
+            sync(device)
+            start = time.perf_counter()
+            loss, samples = loop(model, opt, X, y, args.batch, args.steps, device)
+            sync(device)
+            runs.append((time.perf_counter() - start, samples))
+        seconds, samples = sorted(runs)[(len(runs) - 1) // 2]
         print(json.dumps({
             "impl": "pytorch", "loop": name, "torch": torch.__version__, "device": str(device),
             "threads": torch.get_num_threads(), "batch": args.batch, "hidden": hidden, "steps": args.steps,
-            "seconds": seconds, "ms_per_step": 1e3 * seconds / args.steps,
-            "samples_per_second": args.steps * args.batch / seconds, "mean_loss": loss,
+            "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
+            "ms_per_step": 1e3 * seconds / args.steps, "samples_per_second": samples / seconds,
+            "runs_seconds": [run[0] for run in runs], "runs_samples": [run[1] for run in runs],
+            "mean_loss": loss,
         }), flush=True)
 
 

@@ -5,6 +5,7 @@
 #include <dkit/core/error.h>
 #include <dkit/core/json.h>
 #include <dkit/device/report.h>
+#include <dkit/metrics/metrics.h>
 
 #include <torch/torch.h>
 
@@ -75,46 +76,6 @@ std::string fixed(double value, int decimals) {
   return out.str();
 }
 
-// Stands in for dkit::MetricBuffer from lib/metrics (the data engineer's, not merged yet), with the API that
-// /work/plan.md gives it: named 0-d values added on the device, read back in one transfer per flush. Swap it for
-// the real class once that lands.
-class MetricBufferAdapter {
- public:
-  MetricBufferAdapter(std::vector<std::string> names, const Device& device, int64_t capacity)
-      : names_(std::move(names)),
-        values_(torch::empty({capacity, static_cast<int64_t>(names_.size())},
-                             torch::TensorOptions().dtype(torch::kFloat32).device(device))) {}
-
-  void add(const std::vector<at::Tensor>& values) {
-    TORCH_INTERNAL_ASSERT(values.size() == names_.size(), "expected one value per metric");
-    TORCH_INTERNAL_ASSERT(size_ < values_.size(0), "metric buffer is full: flush it first");
-    at::Tensor row = values_.select(0, size_);
-    for (size_t j = 0; j < values.size(); ++j) {
-      row.select(0, static_cast<int64_t>(j)).copy_(values[j]);
-    }
-    ++size_;
-  }
-
-  bool full() const {
-    return size_ == values_.size(0);
-  }
-
-  int64_t size() const {
-    return size_;
-  }
-
-  at::Tensor flush() {
-    at::Tensor host = values_.narrow(0, 0, size_).to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    size_ = 0;
-    return host;
-  }
-
- private:
-  std::vector<std::string> names_;
-  at::Tensor values_;
-  int64_t size_ = 0;
-};
-
 struct MatmulCase {
   Device device;
   c10::ScalarType dtype;
@@ -168,18 +129,21 @@ struct LoggingRun {
 };
 
 LoggingRun log_with_item(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t steps) {
+  const int64_t syncs_before = host_sync_count();
   LoggingRun run;
   run.norms = torch::empty({steps}, torch::kFloat32);
   float* out = run.norms.data_ptr<float>();
   for (int64_t i = 0; i < steps; ++i) {
     at::mm_out(c, a, b);
     out[i] = c.norm().item<float>();
-    ++run.host_reads;
+    note_host_sync();
   }
+  run.host_reads = host_sync_count() - syncs_before;
   return run;
 }
 
 LoggingRun log_on_device(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t steps) {
+  const int64_t syncs_before = host_sync_count();
   at::Tensor log = torch::empty({steps}, torch::TensorOptions().dtype(torch::kFloat32).device(a.device()));
   for (int64_t i = 0; i < steps; ++i) {
     at::mm_out(c, a, b);
@@ -187,28 +151,29 @@ LoggingRun log_on_device(const at::Tensor& a, const at::Tensor& b, at::Tensor& c
   }
   LoggingRun run;
   run.norms = log.to(torch::kCPU);
-  run.host_reads = 1;
+  note_host_sync();
+  run.host_reads = host_sync_count() - syncs_before;
   return run;
 }
 
 LoggingRun log_with_metric_buffer(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t steps,
                                   int64_t capacity) {
-  MetricBufferAdapter buffer({"frobenius_norm"}, a.device(), capacity);
+  const int64_t syncs_before = host_sync_count();
+  MetricBuffer buffer({"frobenius_norm"}, a.device(), capacity);
   std::vector<at::Tensor> flushed;
-  LoggingRun run;
   for (int64_t i = 0; i < steps; ++i) {
     at::mm_out(c, a, b);
     buffer.add({c.norm()});
     if (buffer.full()) {
-      flushed.push_back(buffer.flush());
-      ++run.host_reads;
+      flushed.push_back(buffer.flush().values);
     }
   }
-  if (buffer.size() > 0) {
-    flushed.push_back(buffer.flush());
-    ++run.host_reads;
+  if (!buffer.empty()) {
+    flushed.push_back(buffer.flush().values);
   }
+  LoggingRun run;
   run.norms = torch::cat(flushed).reshape({steps});
+  run.host_reads = host_sync_count() - syncs_before;
   return run;
 }
 
@@ -231,6 +196,8 @@ std::vector<Suite>& registry() {
        transfer_unsupported, bench_transfer},
       {"multi-gpu", "two matmuls on two GPUs at once vs one after the other on one GPU: scaling efficiency",
        multi_gpu_unsupported, bench_multi_gpu},
+      {"train", "MLP training steps at batch 32 ... 8192: eager vs CUDA graph, data placements, PyTorch beside",
+       nullptr, bench_train},
   };
   return suites;
 }
@@ -460,9 +427,10 @@ SuiteResult bench_logging(const SuiteOptions& options) {
                        " steps of C = A B, each logging the Frobenius norm of C: (a) .item() every step, (b) into "
                        "a preallocated device tensor read back once, (c) through a metric buffer of " +
                        std::to_string(capacity) +
-                       " rows flushed when full (a stand-in with dkit::MetricBuffer's API until lib/metrics "
-                       "lands); after a warm-up, the variants take turns run by run so that a change in the "
-                       "machine's load hits them alike; time per step = run time / steps, median/min/max of the runs";
+                       " rows flushed when full (dkit::MetricBuffer); host_reads = the change in "
+                       "dkit::host_sync_count() over a run; after a warm-up, the variants take turns run by run so "
+                       "that a change in the machine's load hits them alike; time per step = run time / steps, "
+                       "median/min/max of the runs";
   result.table = std::move(table);
   return result;
 }

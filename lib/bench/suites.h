@@ -27,10 +27,16 @@ struct SuiteOptions {
   /// Problem sizes to sweep: matrix sides (matmul, logging, multi-gpu), bytes (transfer), batch sizes (train);
   /// empty for the suite's default.
   TORCH_ARG(std::vector<int64_t>, sizes) = {};
-  /// Steps in one timed run, for suites that time a loop (logging: 1000); 0 for the suite's default.
+  /// Steps in one timed run, for suites that time a loop (logging: 1000; train: enough steps for a quarter of a
+  /// second); 0 for the suite's default.
   TORCH_ARG(int64_t, steps) = 0;
   /// Smaller default sizes and fewer steps, for a run of seconds rather than minutes.
   TORCH_ARG(bool, quick) = false;
+  /// Python interpreter for the `train` suite's PyTorch side (bench/python/mlp_train.py); empty for
+  /// `/usr/bin/python3` when it exists, else `python3` from the PATH; `none` to leave PyTorch out.
+  TORCH_ARG(std::string, python) = "";
+  /// The `train` suite's Python script; empty for bench/python/mlp_train.py in the source tree dkit was built from.
+  TORCH_ARG(std::string, python_script) = "";
   /// Called with a line as each case starts, so that a long run shows progress; empty for silence.
   TORCH_ARG(std::function<void(const std::string&)>, progress) = nullptr;
 };
@@ -85,6 +91,12 @@ SuiteResult bench_transfer(const SuiteOptions& options);
 /// `multi-gpu`: two matmuls one after the other on one GPU vs one on each of two GPUs at once; speed-up and
 /// scaling efficiency. Needs two GPUs.
 SuiteResult bench_multi_gpu(const SuiteOptions& options);
+
+/// `train`: MLP [64, 256, 256, 10] training steps (dkit::TrainStep with FusedAdam, on-device metrics) at batch
+/// sizes `sizes` (default 32 ... 8192) on each device: data device-resident vs pageable vs pinned through
+/// dkit::Loader, a CUDA-graph step on GPUs, and the same MLP in PyTorch (`python`) side by side; ms per step,
+/// samples/s, GFLOP/s and the ratio to PyTorch's faster loop.
+SuiteResult bench_train(const SuiteOptions& options);
 
 /// Why `transfer` cannot run with these options; empty when it can.
 std::string transfer_unsupported(const SuiteOptions& options);

@@ -11,6 +11,8 @@
 #include <dkit/distributed/process_group.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/optim.h>
+#include <dkit/train/step.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/null_sink.h>
@@ -28,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 namespace dkit {
@@ -88,11 +91,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const FullTrainConfig& c
       return std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
     case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(params,
-                                                  torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+      return std::make_unique<FusedAdam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
     case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(params,
-                                                   torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+      return std::make_unique<FusedAdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(c.optimizer));
 }
@@ -643,6 +644,12 @@ struct Trainer::Impl {
     const int64_t syncs_before = host_sync_count();
     const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
     const bool data_parallel = !data_parallel_devices.empty();
+    // The written-out step has no autograd hooks for the gradient reducer to start its allreduces from, and
+    // DataParallel replicates the model each step: both take autograd's path below.
+    std::optional<TrainStep> train_step;
+    if (!reducer && !data_parallel) {
+      train_step.emplace(model, *optimizer);
+    }
     bool finished = step >= total_steps;
     model->train();
     train_clock.start();
@@ -650,16 +657,21 @@ struct Trainer::Impl {
     while (!finished && epoch < config.epochs) {
       loader->start_epoch(epoch, epoch_step);
       while (auto batch = loader->next()) {
-        zero_grad();
-        const auto logits = data_parallel ? data_parallel_forward(model, batch->features, data_parallel_devices)
-                                          : model->forward(batch->features);
-        const auto loss_sum = torch::nn::functional::cross_entropy(logits, batch->labels, sum_options);
-        (loss_sum / static_cast<double>(batch->global_samples)).backward();
-        if (reducer) {
-          reducer->synchronize();
+        if (train_step) {
+          const StepOutput out = train_step->run(batch->features, batch->labels, batch->global_samples);
+          metrics.add({out.loss_sum, out.correct});
+        } else {
+          zero_grad();
+          const auto logits = data_parallel ? data_parallel_forward(model, batch->features, data_parallel_devices)
+                                            : model->forward(batch->features);
+          const auto loss_sum = torch::nn::functional::cross_entropy(logits, batch->labels, sum_options);
+          (loss_sum / static_cast<double>(batch->global_samples)).backward();
+          if (reducer) {
+            reducer->synchronize();
+          }
+          optimizer->step();
+          metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch->labels).sum()});
         }
-        optimizer->step();
-        metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch->labels).sum()});
         ++step;
         ++epoch_step;
         window_samples += batch->global_samples;

@@ -5,6 +5,7 @@
 #include <dkit/config.h>
 #include <dkit/device/report.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -73,6 +74,62 @@ TEST_F(SuitesTest, LoggingFlushesTheMetricBufferInBatches) {
   EXPECT_EQ(integer_of(result.table.at(2, "host_reads")), 3);
 }
 
+TEST_F(SuitesTest, TrainRunsTinyBatchesOnTheCpu) {
+  std::string progress;
+  const SuiteResult result =
+      bench_train(SuiteOptions().devices({cpu()}).sizes({4, 8}).steps(3).repeat(2).python("none").progress(
+          [&](const std::string& line) { progress += line + "\n"; }));
+  ASSERT_TRUE(result.ran());
+  EXPECT_EQ(result.suite, "train");
+  const ResultTable& table = result.table;
+  ASSERT_EQ(table.rows().size(), 6u);
+  EXPECT_EQ(text_of(table.at(0, "device")), "cpu");
+  EXPECT_EQ(integer_of(table.at(0, "batch")), 4);
+  EXPECT_EQ(integer_of(table.at(3, "batch")), 8);
+  EXPECT_EQ(text_of(table.at(0, "variant")), "eager/device");
+  EXPECT_EQ(text_of(table.at(1, "variant")), "eager/pageable");
+  EXPECT_EQ(text_of(table.at(2, "variant")), "eager/pinned-fallback");
+  EXPECT_EQ(text_of(table.at(2, "data")), "ordinary host buffers (no pinning without CUDA)");
+  EXPECT_EQ(integer_of(table.at(1, "steps")), 3);
+  EXPECT_EQ(integer_of(table.at(1, "repeat")), 2);
+  EXPECT_TRUE(std::holds_alternative<double>(table.at(4, "samples_per_s")));
+  EXPECT_TRUE(std::holds_alternative<double>(table.at(4, "gflops")));
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(table.at(4, "vs_pytorch")));
+  EXPECT_EQ(progress, "train: cpu batch 4\ntrain: cpu batch 8\n");
+  EXPECT_EQ(result.notes.back(), "PyTorch comparison left out (--python none)");
+  EXPECT_NE(result.description.find("6 * batch * 84480 + 13 * 85002 for Adam"), std::string::npos);
+}
+
+TEST_F(SuitesTest, TrainSaysWhyThePyTorchSideIsMissing) {
+  const SuiteResult result = bench_train(
+      SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python_script("/nonexistent/mlp_train.py"));
+  EXPECT_EQ(result.table.rows().size(), 3u);
+  EXPECT_EQ(result.notes.back(),
+            "PyTorch comparison left out: no script at '/nonexistent/mlp_train.py' (give --python-script)");
+  const SuiteResult failing =
+      bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/false"));
+  EXPECT_EQ(failing.table.rows().size(), 3u);
+  EXPECT_EQ(failing.notes.back().rfind("PyTorch comparison left out: /bin/false ", 0), 0u) << failing.notes.back();
+  EXPECT_NE(failing.notes.back().find("failed (exit status 1)"), std::string::npos) << failing.notes.back();
+}
+
+TEST_F(SuitesTest, TrainRunsPyTorchBesideDkitWhenThereIsAPythonWithTorch) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with torch";
+  }
+  const SuiteResult result =
+      bench_train(SuiteOptions().devices({cpu()}).sizes({8}).steps(3).repeat(2).python("/usr/bin/python3"));
+  const ResultTable& table = result.table;
+  ASSERT_EQ(table.rows().size(), 5u);
+  EXPECT_EQ(text_of(table.at(3, "variant")), "pytorch/slicing");
+  EXPECT_EQ(text_of(table.at(4, "variant")), "pytorch/dataloader");
+  EXPECT_EQ(integer_of(table.at(3, "steps")), 3);
+  EXPECT_EQ(integer_of(table.at(3, "repeat")), 2);
+  EXPECT_TRUE(std::holds_alternative<double>(table.at(0, "vs_pytorch")));
+  EXPECT_TRUE(std::holds_alternative<double>(table.at(4, "samples_per_s")));
+  EXPECT_EQ(result.notes.front().rfind("cpu batch 8: dkit eager/", 0), 0u) << result.notes.front();
+}
+
 TEST_F(SuitesTest, TransferReportsWhyItNeedsAGpu) {
   if (num_gpus() > 0) {
     GTEST_SKIP() << "a GPU is visible";
@@ -104,9 +161,9 @@ TEST_F(SuitesTest, MultiGpuSaysItNeedsTwoGpus) {
 TEST_F(SuitesTest, AllRunsEverySupportedSuiteAndListsTheOthers) {
   std::string progress;
   const std::vector<SuiteResult> results =
-      run_suites("all", SuiteOptions().devices({cpu()}).sizes({4}).steps(5).repeat(1).progress(
+      run_suites("all", SuiteOptions().devices({cpu()}).sizes({4}).steps(5).repeat(1).python("none").progress(
                             [&](const std::string& line) { progress += line + "\n"; }));
-  ASSERT_GE(results.size(), 4u);
+  ASSERT_GE(results.size(), 5u);
   EXPECT_EQ(results[0].suite, "matmul");
   EXPECT_EQ(results[1].suite, "logging");
   EXPECT_EQ(results[2].suite, "transfer");
@@ -115,6 +172,8 @@ TEST_F(SuitesTest, AllRunsEverySupportedSuiteAndListsTheOthers) {
   EXPECT_TRUE(results[1].ran());
   EXPECT_FALSE(results[2].ran());
   EXPECT_FALSE(results[3].ran());
+  EXPECT_EQ(results[4].suite, "train");
+  EXPECT_TRUE(results[4].ran());
   EXPECT_NE(progress.find("multi-gpu: skipped: needs 2 GPUs, found 0"), std::string::npos);
 }
 
@@ -122,7 +181,7 @@ TEST_F(SuitesTest, FindsSuitesByName) {
   EXPECT_EQ(find_suite("logging").name, "logging");
   EXPECT_EQ(try_find_suite("nope"), nullptr);
   EXPECT_EQ(error_message([] { find_suite("nope"); }),
-            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, all");
+            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, train, all");
 }
 
 TEST_F(SuitesTest, RegisteredSuiteRunsByNameAndComesLast) {
@@ -186,6 +245,15 @@ TEST_F(SuitesTest, MatmulComparesEachGpuWithTheCpu_CUDA) {
   ASSERT_EQ(result.table.rows().size(), 3u);
   EXPECT_EQ(text_of(result.table.at(2, "dtype")), "bfloat16");
   EXPECT_TRUE(std::holds_alternative<double>(result.table.at(1, "vs_cpu")));
+}
+
+TEST_F(SuitesTest, TrainComparesEagerAndGraphStepsOnTheGpu_CUDA) {
+  const SuiteResult result =
+      bench_train(SuiteOptions().devices({gpu(0)}).sizes({32}).steps(5).repeat(2).python("none"));
+  ASSERT_EQ(result.table.rows().size(), 4u);
+  EXPECT_EQ(text_of(result.table.at(2, "variant")), "eager/pinned");
+  EXPECT_EQ(text_of(result.table.at(3, "variant")), "graph/device");
+  EXPECT_NE(result.notes.front().find("the CUDA graph step runs"), std::string::npos);
 }
 
 TEST_F(SuitesTest, TransferRunsTinySizes_CUDA) {

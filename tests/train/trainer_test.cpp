@@ -109,6 +109,21 @@ TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
 
+TEST_F(TrainerTest, ResumeWithTheWrittenOutBackwardAndFusedAdamIsBitwiseExact) {
+  const std::vector<std::string> keys = {"train.checkpoint_every=4", "threads=2", "model.hidden=[32,16]"};
+  train(small(keys), tmp_.file("whole"));
+  auto first = keys;
+  first.push_back("train.max_steps=13");
+  train(small(first), tmp_.file("split"));
+  const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->checkpoint.step, 13);
+  const TrainSummary rest =
+      train(small(keys), tmp_.file("split"), std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+  EXPECT_EQ(rest.steps, 30);
+  expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
+}
+
 TEST_F(TrainerTest, DivergingLossStopsWithAClearError) {
   const std::string message = error_message([&] {
     train(small({"train.optimizer=sgd", "train.lr=1e30", "train.momentum=0"}), tmp_.file("run"));

@@ -1,0 +1,352 @@
+#include <dkit/train/optim.h>
+
+#include <dkit/core/compat.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define DKIT_FUSED_ADAM_AVX2 1
+#else
+#define DKIT_FUSED_ADAM_AVX2 0
+#endif
+
+// This file is compiled with -ffp-contract=off (lib/train/CMakeLists.txt): every fused multiply-add below is
+// written out, so that the rounding is the one LibTorch's kernels use and not the compiler's choice.
+
+namespace dkit {
+namespace {
+
+struct Constants {
+  float beta1 = 0;
+  float one_minus_beta1 = 0;
+  float beta2 = 0;
+  float one_minus_beta2 = 0;
+  float bias_correction2_sqrt = 1;
+  float eps = 0;
+  float neg_step_size = 0;
+  bool l2 = false;
+  float weight_decay = 0;
+  bool decoupled = false;
+  float decay = 1;
+};
+
+struct Slot {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t numel;
+  Constants constants;
+};
+
+template <bool kFma>
+inline float multiply_add(float a, float b, float c) {
+  if constexpr (kFma) {
+    return std::fma(a, b, c);
+  } else {
+    return a * b + c;
+  }
+}
+
+template <bool kFma>
+inline void update_elements(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
+                            const Constants& c) {
+  for (int64_t i = begin; i < end; ++i) {
+    float param = p[i];
+    if (c.decoupled) {
+      param = param * c.decay;
+    }
+    float grad = g[i];
+    if (c.l2) {
+      grad = multiply_add<kFma>(param, c.weight_decay, grad);
+    }
+    const float exp_avg = multiply_add<kFma>(grad, c.one_minus_beta1, m[i] * c.beta1);
+    const float exp_avg_sq = multiply_add<kFma>(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
+    const float denom = std::sqrt(exp_avg_sq) / c.bias_correction2_sqrt + c.eps;
+    p[i] = param + c.neg_step_size * exp_avg / denom;
+    m[i] = exp_avg;
+    v[i] = exp_avg_sq;
+  }
+}
+
+#if DKIT_FUSED_ADAM_AVX2
+template <bool kFma>
+__attribute__((target("avx2,fma"))) inline __m256 multiply_add8(__m256 a, __m256 b, __m256 c) {
+  if constexpr (kFma) {
+    return _mm256_fmadd_ps(a, b, c);
+  } else {
+    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
+  }
+}
+
+template <bool kFma>
+__attribute__((target("avx2,fma"))) void update_avx2(const Slot& s, int64_t begin, int64_t end) {
+  const Constants& c = s.constants;
+  const __m256 beta1 = _mm256_set1_ps(c.beta1);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(c.beta2);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
+  const __m256 bias_correction2_sqrt = _mm256_set1_ps(c.bias_correction2_sqrt);
+  const __m256 eps = _mm256_set1_ps(c.eps);
+  const __m256 neg_step_size = _mm256_set1_ps(c.neg_step_size);
+  const __m256 weight_decay = _mm256_set1_ps(c.weight_decay);
+  const __m256 decay = _mm256_set1_ps(c.decay);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    __m256 param = _mm256_loadu_ps(s.param + i);
+    if (c.decoupled) {
+      param = _mm256_mul_ps(param, decay);
+    }
+    __m256 grad = _mm256_loadu_ps(s.grad + i);
+    if (c.l2) {
+      grad = multiply_add8<kFma>(param, weight_decay, grad);
+    }
+    const __m256 exp_avg =
+        multiply_add8<kFma>(grad, one_minus_beta1, _mm256_mul_ps(_mm256_loadu_ps(s.exp_avg + i), beta1));
+    const __m256 exp_avg_sq = multiply_add8<kFma>(_mm256_mul_ps(one_minus_beta2, grad), grad,
+                                                  _mm256_mul_ps(_mm256_loadu_ps(s.exp_avg_sq + i), beta2));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(exp_avg_sq), bias_correction2_sqrt), eps);
+    param = _mm256_add_ps(param, _mm256_div_ps(_mm256_mul_ps(neg_step_size, exp_avg), denom));
+    _mm256_storeu_ps(s.param + i, param);
+    _mm256_storeu_ps(s.exp_avg + i, exp_avg);
+    _mm256_storeu_ps(s.exp_avg_sq + i, exp_avg_sq);
+  }
+  update_elements<kFma>(s.param, s.grad, s.exp_avg, s.exp_avg_sq, i, end, c);
+}
+
+bool has_avx2() {
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return available;
+}
+#endif
+
+template <bool kFma>
+void update_range(const Slot& s, int64_t begin, int64_t end) {
+#if DKIT_FUSED_ADAM_AVX2
+  if (has_avx2()) {
+    update_avx2<kFma>(s, begin, end);
+    return;
+  }
+#endif
+  update_elements<kFma>(s.param, s.grad, s.exp_avg, s.exp_avg_sq, begin, end, s.constants);
+}
+
+// Splits the parameters into blocks so that one parallel_for covers them all: large parameters are shared between
+// LibTorch's intra-op threads as its own element-wise kernels share them, small ones cost no thread hand-off.
+void run_slots(const std::vector<Slot>& slots, FusedAdamKernel kernel) {
+  constexpr int64_t kBlock = 8192;
+  struct Block {
+    const Slot* slot;
+    int64_t begin;
+    int64_t end;
+  };
+  std::vector<Block> blocks;
+  int64_t total = 0;
+  for (const Slot& slot : slots) {
+    for (int64_t begin = 0; begin < slot.numel; begin += kBlock) {
+      blocks.push_back({&slot, begin, std::min(slot.numel, begin + kBlock)});
+    }
+    total += slot.numel;
+  }
+  const bool fma = kernel == FusedAdamKernel::kFusedMultiplyAdd;
+  auto run = [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const Block& block = blocks[static_cast<size_t>(b)];
+      if (fma) {
+        update_range<true>(*block.slot, block.begin, block.end);
+      } else {
+        update_range<false>(*block.slot, block.begin, block.end);
+      }
+    }
+  };
+  const auto count = static_cast<int64_t>(blocks.size());
+  if (total < at::internal::GRAIN_SIZE || at::get_num_threads() == 1) {
+    run(0, count);
+    return;
+  }
+  at::parallel_for(0, count, std::max<int64_t>(1, at::internal::GRAIN_SIZE / kBlock), run);
+}
+
+bool eligible(const at::Tensor& tensor, const at::Tensor& like) {
+  return tensor.defined() && tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
+         tensor.layout() == at::kStrided && tensor.is_contiguous() && tensor.numel() == like.numel() &&
+         !tensor.is_neg() && !tensor.is_conj();
+}
+
+template <typename Options>
+Constants constants_for(const Options& options, int64_t step, bool decoupled) {
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  Constants c;
+  c.beta1 = static_cast<float>(beta1);
+  c.one_minus_beta1 = static_cast<float>(1 - beta1);
+  c.beta2 = static_cast<float>(beta2);
+  c.one_minus_beta2 = static_cast<float>(1 - beta2);
+  c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = static_cast<float>(options.eps());
+  c.neg_step_size = static_cast<float>(-(options.lr() / bias_correction1));
+  if (options.weight_decay() != 0) {
+    if (decoupled) {
+      c.decoupled = true;
+      c.decay = static_cast<float>(1 - options.lr() * options.weight_decay());
+    } else {
+      c.l2 = true;
+      c.weight_decay = static_cast<float>(options.weight_decay());
+    }
+  }
+  return c;
+}
+
+// One step of every parameter with a gradient by `kernel`; false, with nothing changed, when a parameter, its
+// gradient or its state is one that the kernels do not handle.
+template <typename Options, typename State, typename StateMap>
+bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, bool decoupled,
+                FusedAdamKernel kernel) {
+  using Key = typename StateMap::key_type;
+  if (kernel == FusedAdamKernel::kNone) {
+    return false;
+  }
+  for (auto& group : groups) {
+    const auto& options = static_cast<const Options&>(group.options());
+    for (auto& p : group.params()) {
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      if (options.amsgrad() || !eligible(p, p) || !eligible(grad, p)) {
+        return false;
+      }
+      const auto found = states.find(compat::optimizer_state_key<Key>(p));
+      if (found != states.end()) {
+        const auto& state = static_cast<const State&>(*found->second);
+        if (!eligible(state.exp_avg(), p) || !eligible(state.exp_avg_sq(), p)) {
+          return false;
+        }
+      }
+    }
+  }
+  std::vector<Slot> slots;
+  for (auto& group : groups) {
+    const auto& options = static_cast<const Options&>(group.options());
+    for (auto& p : group.params()) {
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      auto& entry = states[compat::optimizer_state_key<Key>(p)];
+      if (!entry) {
+        auto fresh = std::make_unique<State>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        entry = std::move(fresh);
+      }
+      auto& state = static_cast<State&>(*entry);
+      state.step(state.step() + 1);
+      slots.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), state.exp_avg().template data_ptr<float>(),
+                       state.exp_avg_sq().template data_ptr<float>(), p.numel(),
+                       constants_for(options, state.step(), decoupled)});
+    }
+  }
+  run_slots(slots, kernel);
+  return true;
+}
+
+at::Tensor probe_values(int64_t n, double frequency, double scale, double offset) {
+  return at::sin(at::arange(n, at::TensorOptions().dtype(at::kDouble)) * frequency + offset)
+      .mul_(scale)
+      .to(at::kFloat);
+}
+
+// Runs LibTorch's optimizer and `kernel` side by side on a probe parameter for a few steps; true when every value
+// is bitwise the same.
+template <typename Optimizer, typename Options, typename State>
+bool kernel_matches(FusedAdamKernel kernel, const Options& options, bool decoupled) {
+  constexpr int64_t kSize = 1003;
+  at::Tensor reference = probe_values(kSize, 0.37, 0.5, 0.1).set_requires_grad(true);
+  at::Tensor mine = reference.detach().clone();
+  at::Tensor exp_avg = at::zeros_like(mine);
+  at::Tensor exp_avg_sq = at::zeros_like(mine);
+  Optimizer optimizer(std::vector<at::Tensor>{reference}, options);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const at::Tensor grad = probe_values(kSize, 0.11 * static_cast<double>(step), 0.1, 0.3);
+    reference.mutable_grad() = grad.clone();
+    optimizer.step();
+    std::vector<Slot> slot = {{mine.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                               exp_avg_sq.data_ptr<float>(), kSize, constants_for(options, step, decoupled)}};
+    run_slots(slot, kernel);
+  }
+  const auto& state = static_cast<const State&>(*optimizer.state().begin()->second);
+  return at::equal(reference.detach(), mine) && at::equal(state.exp_avg(), exp_avg) &&
+         at::equal(state.exp_avg_sq(), exp_avg_sq);
+}
+
+FusedAdamKernel probe_kernel() {
+  const at::NoGradGuard no_grad;
+  for (const auto kernel : {FusedAdamKernel::kFusedMultiplyAdd, FusedAdamKernel::kSeparateRounding}) {
+    const bool adam = kernel_matches<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
+        kernel, torch::optim::AdamOptions(1e-3).weight_decay(0.01), /*decoupled=*/false);
+    const bool adamw =
+        kernel_matches<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+            kernel, torch::optim::AdamWOptions(1e-3).weight_decay(0.01), /*decoupled=*/true);
+    if (adam && adamw) {
+      return kernel;
+    }
+  }
+  return FusedAdamKernel::kNone;
+}
+
+} // namespace
+
+FusedAdamKernel fused_adam_kernel() {
+  static const FusedAdamKernel kernel = probe_kernel();
+  return kernel;
+}
+
+std::string to_string(FusedAdamKernel kernel) {
+  switch (kernel) {
+    case FusedAdamKernel::kFusedMultiplyAdd: return "fma";
+    case FusedAdamKernel::kSeparateRounding: return "separate";
+    case FusedAdamKernel::kNone: return "none";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled FusedAdamKernel ", static_cast<int>(kernel));
+}
+
+torch::Tensor FusedAdam::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    const at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const at::NoGradGuard no_grad;
+  if (!fused_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(param_groups_, state_,
+                                                                            /*decoupled=*/false,
+                                                                            fused_adam_kernel())) {
+    torch::optim::Adam::step();
+  }
+  return loss;
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    const at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const at::NoGradGuard no_grad;
+  if (!fused_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(param_groups_, state_,
+                                                                              /*decoupled=*/true,
+                                                                              fused_adam_kernel())) {
+    torch::optim::AdamW::step();
+  }
+  return loss;
+}
+
+} // namespace dkit

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include <string>
+#include <vector>
+
+namespace dkit {
+
+/// How FusedAdam and FusedAdamW update CPU parameters in this process.
+enum class FusedAdamKernel {
+  /// One pass per parameter, rounding as LibTorch's CPU kernels do when they use fused multiply-adds (the
+  /// AVX2 and AVX-512 kernels).
+  kFusedMultiplyAdd,
+  /// One pass per parameter, rounding each product and sum separately, as LibTorch's baseline CPU kernels do.
+  kSeparateRounding,
+  /// No pass of dkit's own: a probe found LibTorch rounding in a way neither kernel reproduces, so every step is
+  /// LibTorch's.
+  kNone,
+};
+
+/// Which kernel FusedAdam and FusedAdamW use on the CPU here. The first call runs a probe (once per process): a
+/// few Adam updates of a probe tensor by LibTorch's own operations and by each of dkit's kernels, keeping the
+/// kernel whose results are bitwise the same.
+FusedAdamKernel fused_adam_kernel();
+
+/// `fma`, `separate` or `none`, for logs and benchmark notes.
+std::string to_string(FusedAdamKernel kernel);
+
+/// `torch::optim::Adam` whose step() updates each float32 CPU parameter in one pass over its elements (gradient,
+/// both moments and the parameter together, split over LibTorch's intra-op threads for large parameters), instead
+/// of eight LibTorch operations per parameter, each a pass of its own with a dispatch and temporaries. The results
+/// are bitwise those of torch::optim::Adam (see fused_adam_kernel()). The state is torch::optim::Adam's
+/// (`AdamParamState`), so state dicts and dkit's training checkpoints are unchanged, and it is a
+/// `torch::optim::Adam` to everything that asks. Steps with a parameter it does not handle (not on the CPU, not
+/// float32, not contiguous, a sparse gradient, `amsgrad`) are torch::optim::Adam::step(). Example:
+/// ```
+/// dkit::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
+/// ```
+class FusedAdam : public torch::optim::Adam {
+ public:
+  using torch::optim::Adam::Adam;
+
+  /// One Adam update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
+  /// returned.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+/// `torch::optim::AdamW` (decoupled weight decay) with FusedAdam's one-pass CPU update: bitwise the results of
+/// torch::optim::AdamW, whose state and type it keeps.
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+
+  /// One AdamW update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
+  /// returned.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+} // namespace dkit

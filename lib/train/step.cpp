@@ -1,0 +1,383 @@
+#include <dkit/train/step.h>
+
+#include <dkit/core/compat.h>
+#include <dkit/core/error.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#if DKIT_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace dkit {
+namespace {
+
+const auto kSumOptions = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+
+// The gradient of `loss_sum / global_samples` with respect to `loss_sum`, as the division's backward computes
+// it (a float32 division), without the division and its autograd node.
+at::Tensor mean_gradient(const at::Tensor& loss_sum, int64_t global_samples) {
+  return at::full({}, 1.0f / static_cast<float>(global_samples), loss_sum.options());
+}
+
+// `logits.argmax(1).eq(labels).sum()` in one pass for float32 CPU logits, with at::argmax's rule: the first
+// largest entry of a row, a NaN counting as larger than any number.
+at::Tensor correct_count(const at::Tensor& logits, const at::Tensor& labels) {
+  if (!logits.device().is_cpu() || logits.scalar_type() != at::kFloat || !logits.is_contiguous() ||
+      !labels.is_contiguous()) {
+    return logits.argmax(1).eq(labels).sum();
+  }
+  const int64_t rows = logits.size(0);
+  const int64_t classes = logits.size(1);
+  const float* values = logits.data_ptr<float>();
+  const int64_t* targets = labels.data_ptr<int64_t>();
+  int64_t correct = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = values + r * classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c) {
+      if (!std::isnan(row[best]) && (std::isnan(row[c]) || row[c] > row[best])) {
+        best = c;
+      }
+    }
+    correct += best == targets[r] ? 1 : 0;
+  }
+  return at::scalar_tensor(correct, at::TensorOptions().dtype(at::kLong));
+}
+
+} // namespace
+
+// The backward pass of an Mlp written out: each LibTorch call below is the one autograd's formula for the forward
+// operation makes (torch/csrc/autograd/FunctionsManual.cpp, derivatives.yaml), on tensors of the same shapes and
+// strides, so that the values are the same bit for bit; outputs go into buffers kept from step to step.
+struct TrainStep::Direct {
+  Activation activation;
+  std::vector<at::Tensor> weights;
+  std::vector<at::Tensor> biases;
+  std::vector<at::Tensor> weight_grads;
+  std::vector<at::Tensor> bias_grads;
+  // Per layer: the output of addmm, then of the activation (the same tensor when it is applied in place), and
+  // the gradients with respect to both.
+  std::vector<at::Tensor> pre;
+  std::vector<at::Tensor> post;
+  std::vector<at::Tensor> grad_pre;
+  std::vector<at::Tensor> grad_post;
+  at::Tensor log_probs;
+  at::Tensor grad_log_probs;
+  at::Tensor grad_logits;
+  int64_t rows = -1;
+  at::Tensor seed_gradient;
+  int64_t seed_samples = 0;
+
+  explicit Direct(const Mlp& model) : activation(model->options.activation()) {
+    for (const auto& layer : model->layers()) {
+      weights.push_back(layer->weight);
+      biases.push_back(layer->bias);
+      weight_grads.push_back(at::empty_like(layer->weight, at::MemoryFormat::Contiguous));
+      bias_grads.push_back(at::empty_like(layer->bias, at::MemoryFormat::Contiguous));
+    }
+    const size_t layers = weights.size();
+    const auto options = weights.front().options();
+    for (size_t i = 0; i < layers; ++i) {
+      pre.push_back(at::empty({0}, options));
+      post.push_back(activation == Activation::kGELU ? at::empty({0}, options) : pre[i]);
+      grad_pre.push_back(at::empty({0}, options));
+      grad_post.push_back(at::empty({0}, options));
+    }
+    log_probs = at::empty({0}, options);
+    grad_log_probs = at::empty({0}, options);
+    grad_logits = at::empty({0}, options);
+  }
+
+  // Gives every buffer its shape for batches of `n` rows, so that the `_out` calls neither reallocate nor warn.
+  void shape_for(int64_t n) {
+    if (n == rows) {
+      return;
+    }
+    rows = n;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const int64_t width = weights[i].size(0);
+      for (at::Tensor* buffer : {&pre[i], &post[i], &grad_pre[i], &grad_post[i]}) {
+        buffer->resize_({n, width});
+      }
+    }
+    for (at::Tensor* buffer : {&log_probs, &grad_log_probs, &grad_logits}) {
+      buffer->resize_({n, weights.back().size(0)});
+    }
+  }
+
+  static bool supports(const Mlp& model) {
+    return model->options.dropout() == 0.0 && model->options.bias();
+  }
+
+  bool accepts(const at::Tensor& features, const at::Tensor& labels) const {
+    const at::Tensor& first = weights.front();
+    return !features.requires_grad() && features.dim() == 2 && features.scalar_type() == first.scalar_type() &&
+           features.device() == first.device() && labels.dim() == 1 && labels.scalar_type() == at::kLong &&
+           labels.device() == first.device() && features.size(0) == labels.size(0) && features.size(0) > 0 &&
+           features.size(1) == first.size(1);
+  }
+
+  void activate(size_t layer) {
+    switch (activation) {
+      case Activation::kReLU: at::relu_(pre[layer]); break;
+      case Activation::kTanh: at::tanh_(pre[layer]); break;
+      case Activation::kGELU: at::gelu_out(post[layer], pre[layer]); break;
+    }
+  }
+
+  void activation_backward(size_t layer) {
+    switch (activation) {
+      case Activation::kReLU: at::threshold_backward_out(grad_pre[layer], grad_post[layer], post[layer], 0); break;
+      case Activation::kTanh: at::tanh_backward_out(grad_pre[layer], grad_post[layer], post[layer]); break;
+      case Activation::kGELU: at::gelu_backward_out(grad_pre[layer], grad_post[layer], pre[layer]); break;
+    }
+  }
+
+  StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
+                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
+    const at::NoGradGuard no_grad;
+    const size_t layers = weights.size();
+    shape_for(features.size(0));
+    const at::Tensor* input = &features;
+    for (size_t i = 0; i < layers; ++i) {
+      at::addmm_out(pre[i], biases[i], *input, weights[i].t());
+      if (i + 1 < layers) {
+        activate(i);
+        input = &post[i];
+      }
+    }
+    const at::Tensor& logits = pre.back();
+    at::_log_softmax_out(log_probs, logits, 1, /*half_to_float=*/false);
+    const auto [loss_sum, total_weight] =
+        at::nll_loss_forward(log_probs, labels, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
+    if (seed_samples != global_samples) {
+      seed_gradient = mean_gradient(loss_sum, global_samples);
+      seed_samples = global_samples;
+    }
+    at::nll_loss_backward_out(grad_log_probs, seed_gradient, log_probs, labels, /*weight=*/{}, at::Reduction::Sum,
+                              /*ignore_index=*/-100, total_weight);
+    at::_log_softmax_backward_data_out(grad_logits, grad_log_probs, log_probs, 1, log_probs.scalar_type());
+    const at::Tensor* grad = &grad_logits;
+    for (size_t i = layers; i-- > 0;) {
+      at::mm_out(weight_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
+      at::sum_out(bias_grads[i], *grad, {0});
+      if (i == 0) {
+        break;
+      }
+      at::mm_out(grad_post[i - 1], *grad, weights[i]);
+      activation_backward(i - 1);
+      grad = &grad_pre[i - 1];
+    }
+    for (size_t i = 0; i < layers; ++i) {
+      weights[i].mutable_grad() = weight_grads[i];
+      biases[i].mutable_grad() = bias_grads[i];
+    }
+    TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
+    optimizer.step();
+    return {loss_sum, correct_count(logits, labels)};
+  }
+};
+
+TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer)
+    : model_(std::move(model)), optimizer_(&optimizer), parameters_(model_->parameters()) {
+  if (Direct::supports(model_)) {
+    direct_ = std::make_unique<Direct>(model_);
+  }
+}
+
+TrainStep::~TrainStep() = default;
+TrainStep::TrainStep(TrainStep&&) noexcept = default;
+TrainStep& TrainStep::operator=(TrainStep&&) noexcept = default;
+
+bool TrainStep::direct() const {
+  return direct_ != nullptr;
+}
+
+StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
+  TORCH_CHECK(global_samples > 0, "TrainStep::run needs a positive global_samples, got ", global_samples);
+  if (direct_ && direct_->accepts(features, labels)) {
+    return direct_->run(features, labels, global_samples, parameters_, *optimizer_);
+  }
+  return run_autograd(features, labels, global_samples);
+}
+
+StepOutput TrainStep::run_autograd(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
+  for (auto& param : parameters_) {
+    param.mutable_grad() = at::Tensor();
+  }
+  const at::Tensor logits = model_->forward(features);
+  const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, labels, kSumOptions);
+  loss_sum.backward(mean_gradient(loss_sum, global_samples));
+  optimizer_->step();
+  const at::NoGradGuard no_grad;
+  return {loss_sum.detach(), logits.detach().argmax(1).eq(labels).sum()};
+}
+
+#if DKIT_WITH_CUDA
+struct CudaGraphStep::Impl {
+  Mlp model;
+  torch::optim::Adam* optimizer;
+  std::vector<at::Tensor> parameters;
+  std::vector<torch::optim::AdamParamState*> states;
+  int64_t batch_size;
+  int64_t warmup_steps;
+  int64_t steps_done = 0;
+  c10::cuda::CUDAStream side;
+  at::Tensor static_features;
+  at::Tensor static_labels;
+  at::Tensor neg_step_size;
+  at::Tensor bias_correction2_sqrt;
+  StepOutput static_output;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+
+  Impl(Mlp m, torch::optim::Adam& adam, int64_t batch, int64_t num_features, int64_t warmup)
+      : model(std::move(m)),
+        optimizer(&adam),
+        parameters(model->parameters()),
+        batch_size(batch),
+        warmup_steps(warmup),
+        side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, parameters.front().device().index())) {
+    const at::Device device = parameters.front().device();
+    DKIT_CHECK(device.is_cuda(), "a CUDA graph step needs the model on a GPU, it is on ", device.str());
+    DKIT_CHECK(batch_size > 0, "a CUDA graph step needs a positive batch size, got ", batch_size);
+    DKIT_CHECK(warmup_steps >= 1, "a CUDA graph step needs at least 1 warm-up step, got ", warmup_steps);
+    DKIT_CHECK(optimizer->param_groups().size() == 1, "a CUDA graph step needs an Adam with one parameter group");
+    const auto& options = static_cast<const torch::optim::AdamOptions&>(optimizer->param_groups()[0].options());
+    DKIT_CHECK(!options.amsgrad(), "a CUDA graph step does not support Adam's amsgrad");
+    using Key = std::decay_t<decltype(optimizer->state())>::key_type;
+    for (const auto& param : parameters) {
+      auto& entry = optimizer->state()[compat::optimizer_state_key<Key>(param)];
+      if (!entry) {
+        auto fresh = std::make_unique<torch::optim::AdamParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(param, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Preserve));
+        entry = std::move(fresh);
+      }
+      states.push_back(static_cast<torch::optim::AdamParamState*>(entry.get()));
+    }
+    const auto on_device = at::TensorOptions().device(device);
+    static_features = at::zeros({batch_size, num_features}, on_device.dtype(at::kFloat));
+    static_labels = at::zeros({batch_size}, on_device.dtype(at::kLong));
+    neg_step_size = at::zeros({}, on_device.dtype(at::kFloat));
+    bias_correction2_sqrt = at::ones({}, on_device.dtype(at::kFloat));
+  }
+
+  const torch::optim::AdamOptions& options() const {
+    return static_cast<const torch::optim::AdamOptions&>(optimizer->param_groups()[0].options());
+  }
+
+  // Host side of an Adam step, outside the graph: the step counts and the bias corrections they imply.
+  void prepare_update() {
+    const int64_t step = states.front()->step() + 1;
+    for (auto* state : states) {
+      TORCH_INTERNAL_ASSERT(state->step() + 1 == step, "Adam parameters at different steps in a CUDA graph step");
+      state->step(step);
+    }
+    const double beta1 = std::get<0>(options().betas());
+    const double beta2 = std::get<1>(options().betas());
+    const double bias_correction1 = 1 - std::pow(beta1, step);
+    const double bias_correction2 = 1 - std::pow(beta2, step);
+    neg_step_size.fill_(-(options().lr() / bias_correction1));
+    bias_correction2_sqrt.fill_(std::sqrt(bias_correction2));
+  }
+
+  // Device side of the Adam step, captured: torch::optim::Adam's operations with the bias corrections read from
+  // the device.
+  void apply_update() {
+    const at::NoGradGuard no_grad;
+    const double beta1 = std::get<0>(options().betas());
+    const double beta2 = std::get<1>(options().betas());
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor& param = parameters[i];
+      at::Tensor grad = param.grad();
+      if (options().weight_decay() != 0) {
+        grad = grad.add(param, options().weight_decay());
+      }
+      at::Tensor& exp_avg = states[i]->exp_avg();
+      at::Tensor& exp_avg_sq = states[i]->exp_avg_sq();
+      exp_avg.mul_(beta1).add_(grad, 1 - beta1);
+      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      const at::Tensor denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(options().eps());
+      param.addcdiv_(exp_avg * neg_step_size, denom);
+    }
+  }
+
+  StepOutput forward_backward() {
+    const at::Tensor logits = model->forward(static_features);
+    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, static_labels, kSumOptions);
+    loss_sum.backward(mean_gradient(loss_sum, batch_size));
+    const at::NoGradGuard no_grad;
+    return {loss_sum.detach(), logits.detach().argmax(1).eq(static_labels).sum()};
+  }
+
+  void clear_grads() {
+    for (auto& param : parameters) {
+      param.mutable_grad() = at::Tensor();
+    }
+  }
+
+  StepOutput run(const at::Tensor& features, const at::Tensor& labels) {
+    DKIT_CHECK(features.dim() == 2 && features.size(0) == batch_size && labels.dim() == 1 &&
+                   labels.size(0) == batch_size,
+               "a CUDA graph step was made for batches of ", batch_size, " rows, got features ", features.sizes(),
+               " and labels ", labels.sizes());
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(side.device_index());
+    static_features.copy_(features, /*non_blocking=*/true);
+    static_labels.copy_(labels, /*non_blocking=*/true);
+    prepare_update();
+    if (graph) {
+      graph->replay();
+      ++steps_done;
+      return static_output;
+    }
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(side);
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      clear_grads();
+      if (steps_done < warmup_steps) {
+        static_output = forward_backward();
+        apply_update();
+      } else {
+        graph = std::make_unique<at::cuda::CUDAGraph>();
+        graph->capture_begin();
+        static_output = forward_backward();
+        apply_update();
+        graph->capture_end();
+      }
+    }
+    at::cuda::CUDAEvent done;
+    done.record(side);
+    done.block(current);
+    if (graph) {
+      graph->replay();
+    }
+    ++steps_done;
+    return static_output;
+  }
+};
+
+CudaGraphStep::CudaGraphStep(Mlp model, torch::optim::Adam& optimizer, int64_t batch_size, int64_t num_features,
+                             int64_t warmup_steps)
+    : impl_(std::make_unique<Impl>(std::move(model), optimizer, batch_size, num_features, warmup_steps)) {}
+
+CudaGraphStep::~CudaGraphStep() = default;
+
+StepOutput CudaGraphStep::run(const at::Tensor& features, const at::Tensor& labels) {
+  return impl_->run(features, labels);
+}
+
+bool CudaGraphStep::captured() const {
+  return impl_->graph != nullptr;
+}
+#endif
+
+} // namespace dkit

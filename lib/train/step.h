@@ -1,0 +1,101 @@
+#pragma once
+
+#include <dkit/config.h>
+#include <dkit/model/mlp.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace torch::optim {
+class Adam;
+class Optimizer;
+} // namespace torch::optim
+
+namespace dkit {
+
+/// What one training step leaves on the device for a MetricBuffer; nothing is read back.
+struct StepOutput {
+  /// The batch's summed cross-entropy: a float32 0-d tensor without gradient.
+  at::Tensor loss_sum;
+  /// How many rows have their largest logit at their label: an int64 0-d tensor.
+  at::Tensor correct;
+};
+
+/// One optimizer step of an Mlp classifier, as dkit::Trainer and the `train` benchmark run it: forward, summed
+/// cross-entropy, backward with the gradient of the mean over the global batch (so that the ranks' gradients add
+/// up to that of the global mean), optimizer step. It never waits for the device.
+///
+/// For an Mlp without dropout the backward pass is written out, layer by layer, as the LibTorch operations that
+/// autograd would run for it (addmm's, log_softmax's, nll_loss's and the activation's backward formulas), into
+/// buffers reused from step to step: the same values bit for bit, without building and walking an autograd graph
+/// and without allocating each step. The parameters' gradients are then those buffers. With dropout, or inputs
+/// that require gradients, the step is autograd's (gradients set to none, `backward()`). Example:
+/// ```
+/// dkit::TrainStep step(model, optimizer);
+/// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);
+/// metrics.add({out.loss_sum, out.correct});
+/// ```
+class TrainStep {
+ public:
+  /// A step of `model` by `optimizer`, which must be over the model's parameters; both must outlive the step.
+  TrainStep(Mlp model, torch::optim::Optimizer& optimizer);
+
+  /// Trains on one batch: `features` `[rows, in_features]`, `labels` `[rows]` (int64), where the whole batch over
+  /// all processes has `global_samples` rows.
+  StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples);
+
+  /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
+  bool direct() const;
+
+  ~TrainStep();
+  TrainStep(TrainStep&&) noexcept;
+  TrainStep& operator=(TrainStep&&) noexcept;
+
+ private:
+  struct Direct;
+
+  StepOutput run_autograd(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples);
+
+  Mlp model_;
+  torch::optim::Optimizer* optimizer_;
+  std::vector<at::Tensor> parameters_;
+  std::unique_ptr<Direct> direct_;
+};
+
+#if DKIT_WITH_CUDA
+/// TrainStep as one CUDA graph, after PyTorch's "whole network capture" recipe: zero_grad, forward, loss,
+/// backward and the Adam update are captured once on a side stream, with static input buffers, and each later
+/// step copies its batch into them and replays the graph, one launch instead of dozens of kernel launches. The
+/// Adam update reads its bias corrections from device scalars set before each replay, since a captured host
+/// value would be frozen at the capture's step; the update's state stays torch::optim::Adam's. The first
+/// `warmup_steps` calls run the same update eagerly on the side stream (the recipe's warm-up, which also creates
+/// the optimizer state); the next call captures and replays. Steps are numerically those of torch::optim::Adam
+/// (within float rounding: the bias correction is a device division rather than LibTorch's host scalar), and
+/// bitwise the same whether captured or not. CUDA builds only.
+class CudaGraphStep {
+ public:
+  /// A step of `model` (on a GPU) by `optimizer` (an Adam without amsgrad, over the model's parameters) for
+  /// batches of exactly `batch_size` rows of `num_features` features.
+  CudaGraphStep(Mlp model, torch::optim::Adam& optimizer, int64_t batch_size, int64_t num_features,
+                int64_t warmup_steps = 3);
+  ~CudaGraphStep();
+  CudaGraphStep(const CudaGraphStep&) = delete;
+  CudaGraphStep& operator=(const CudaGraphStep&) = delete;
+
+  /// Trains on one batch of `batch_size` rows (on the model's GPU) and returns the graph's static outputs, which
+  /// the next run() overwrites: copy them (a MetricBuffer does) before calling it again.
+  StepOutput run(const at::Tensor& features, const at::Tensor& labels);
+
+  /// Whether the graph has been captured (after `warmup_steps` calls).
+  bool captured() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+#endif
+
+} // namespace dkit

@@ -1,0 +1,199 @@
+#include <dkit/train/step.h>
+
+#include <dkit/device/device.h>
+#include <dkit/train/optim.h>
+
+#include "../support.h"
+
+#include <limits>
+
+namespace dkit {
+namespace {
+
+class TrainStepTest : public test::SeedingFixture {
+ protected:
+  static Mlp model(Activation activation = Activation::kReLU, double dropout = 0.0) {
+    torch::manual_seed(3);
+    return Mlp(MlpOptions(12, {32, 16}, 5).activation(activation).dropout(dropout));
+  }
+
+  /// TrainStep against the loop PyTorch's tutorials write, with torch::optim::Adam: bitwise the same.
+  void expect_textbook_steps(Activation activation, double dropout, int threads, bool direct) {
+    const int previous_threads = at::get_num_threads();
+    at::set_num_threads(threads);
+    Mlp reference = model(activation, dropout);
+    Mlp stepped = model(activation, dropout);
+    torch::optim::Adam reference_optimizer(reference->parameters(), torch::optim::AdamOptions(1e-2));
+    FusedAdam optimizer(stepped->parameters(), torch::optim::AdamOptions(1e-2));
+    TrainStep step(stepped, optimizer);
+    EXPECT_EQ(step.direct(), direct);
+    const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+    int64_t index = 0;
+    for (const auto& [x, y] : batches(6, 29)) {
+      const int64_t global_samples = 2 * x.size(0);
+      const at::Tensor rows_x = x.narrow(0, 0, index % 2 == 0 ? 29 : 17);
+      const at::Tensor rows_y = y.narrow(0, 0, rows_x.size(0));
+      ++index;
+      torch::manual_seed(100 + index);
+      reference_optimizer.zero_grad();
+      const at::Tensor logits = reference->forward(rows_x);
+      const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, rows_y, sum);
+      (loss_sum / static_cast<double>(global_samples)).backward();
+      reference_optimizer.step();
+
+      torch::manual_seed(100 + index);
+      testing::internal::CaptureStderr();
+      const StepOutput out = step.run(rows_x, rows_y, global_samples);
+      EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "a batch of " << rows_x.size(0) << " rows";
+      EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
+      EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(rows_y).sum().item<int64_t>());
+      EXPECT_FALSE(out.loss_sum.requires_grad());
+      EXPECT_EQ(out.loss_sum.dim(), 0);
+    }
+    at::set_num_threads(previous_threads);
+    expect_equal_parameters(reference, stepped);
+  }
+
+  static std::vector<std::pair<at::Tensor, at::Tensor>> batches(int64_t count, int64_t rows) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> out;
+    for (int64_t i = 0; i < count; ++i) {
+      out.emplace_back(torch::randn({rows, 12}), torch::randint(0, 5, {rows}));
+    }
+    return out;
+  }
+
+  static void expect_equal_parameters(const Mlp& a, const Mlp& b) {
+    const auto pa = a->parameters();
+    const auto pb = b->parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+    }
+  }
+};
+
+TEST_F(TrainStepTest, WrittenOutBackwardIsBitwiseTheTextbookLoop) {
+  expect_textbook_steps(Activation::kReLU, 0.0, /*threads=*/1, /*direct=*/true);
+}
+
+TEST_F(TrainStepTest, WrittenOutBackwardIsBitwiseTheTextbookLoopOnTwoThreads) {
+  expect_textbook_steps(Activation::kReLU, 0.0, /*threads=*/2, /*direct=*/true);
+}
+
+TEST_F(TrainStepTest, WrittenOutBackwardOfTanhAndGeluIsBitwiseTheTextbookLoop) {
+  expect_textbook_steps(Activation::kTanh, 0.0, /*threads=*/1, /*direct=*/true);
+  expect_textbook_steps(Activation::kGELU, 0.0, /*threads=*/1, /*direct=*/true);
+}
+
+TEST_F(TrainStepTest, DropoutTakesAutogradAndIsBitwiseTheTextbookLoop) {
+  expect_textbook_steps(Activation::kReLU, 0.25, /*threads=*/1, /*direct=*/false);
+}
+
+TEST_F(TrainStepTest, GradientsAreTheParametersOwnAfterAStep) {
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.0));
+  TrainStep step(net, optimizer);
+  const auto [x, y] = batches(1, 8).front();
+  step.run(x, y, 8);
+  Mlp copy = model();
+  const at::Tensor loss = torch::nn::functional::cross_entropy(
+      copy->forward(x), y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  (loss / 8.0).backward();
+  const auto mine = net->parameters();
+  const auto theirs = copy->parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    ASSERT_TRUE(mine[i].grad().defined()) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(mine[i].grad(), theirs[i].grad())) << "parameter " << i;
+  }
+}
+
+TEST_F(TrainStepTest, CountsCorrectRowsAsArgmaxDoesWithTiesAndNaN) {
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.0));
+  TrainStep step(net, optimizer);
+  ASSERT_TRUE(step.direct());
+  const at::Tensor x = torch::randn({40, 12});
+  const at::Tensor y = torch::randint(0, 5, {40});
+  {
+    const at::NoGradGuard no_grad;
+    net->layers().back()->weight.zero_();
+    net->layers().back()->bias.copy_(torch::tensor({1.0f, 3.0f, 3.0f, 0.0f, -2.0f}));
+  }
+  const int64_t ties = y.eq(1).sum().item<int64_t>();
+  EXPECT_EQ(step.run(x, y, 40).correct.item<int64_t>(), ties) << "the first of equal largest logits counts";
+  {
+    const at::NoGradGuard no_grad;
+    net->layers().back()->bias[4] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const int64_t nans = y.eq(4).sum().item<int64_t>();
+  EXPECT_EQ(step.run(x, y, 40).correct.item<int64_t>(), nans) << "a NaN logit counts as the largest";
+}
+
+TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  TrainStep step(net, optimizer);
+  EXPECT_EQ(test::error_message([&] { step.run(torch::randn({2, 12}), torch::zeros({2}, torch::kLong), 0); }),
+            "TrainStep::run needs a positive global_samples, got 0");
+}
+
+#if DKIT_WITH_CUDA
+TEST_F(TrainStepTest, CudaGraphStepEqualsTheEagerStep_CUDA) {
+  Mlp eager = model();
+  Mlp graphed = model();
+  place_module(eager, gpu(0));
+  place_module(graphed, gpu(0));
+  torch::optim::Adam eager_optimizer(eager->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam graph_optimizer(graphed->parameters(), torch::optim::AdamOptions(1e-2));
+  TrainStep eager_step(eager, eager_optimizer);
+  CudaGraphStep graph_step(graphed, graph_optimizer, /*batch_size=*/29, /*num_features=*/12, /*warmup_steps=*/2);
+  for (const auto& [x, y] : batches(8, 29)) {
+    const at::Tensor gx = x.to(gpu(0));
+    const at::Tensor gy = y.to(gpu(0));
+    const StepOutput a = eager_step.run(gx, gy, 29);
+    const StepOutput b = graph_step.run(gx, gy);
+    EXPECT_TRUE(torch::allclose(a.loss_sum, b.loss_sum, /*rtol=*/1e-5, /*atol=*/1e-6));
+    EXPECT_EQ(a.correct.item<int64_t>(), b.correct.item<int64_t>());
+  }
+  EXPECT_TRUE(graph_step.captured());
+  const auto pa = eager->parameters();
+  const auto pb = graphed->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(pa[i], pb[i], /*rtol=*/1e-5, /*atol=*/1e-6))
+        << "parameter " << i << ": max difference " << (pa[i] - pb[i]).abs().max().item<float>();
+  }
+}
+
+TEST_F(TrainStepTest, CudaGraphReplayIsBitwiseItsOwnEagerWarmUp_CUDA) {
+  // The same batches through a graph step that never captures (a warm-up longer than the run) and one that
+  // captures after one step: the captured update must be the eager one exactly.
+  Mlp never = model();
+  Mlp early = model();
+  place_module(never, gpu(0));
+  place_module(early, gpu(0));
+  torch::optim::Adam never_optimizer(never->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam early_optimizer(early->parameters(), torch::optim::AdamOptions(1e-2));
+  CudaGraphStep never_step(never, never_optimizer, 29, 12, /*warmup_steps=*/100);
+  CudaGraphStep early_step(early, early_optimizer, 29, 12, /*warmup_steps=*/1);
+  for (const auto& [x, y] : batches(6, 29)) {
+    never_step.run(x.to(gpu(0)), y.to(gpu(0)));
+    early_step.run(x.to(gpu(0)), y.to(gpu(0)));
+  }
+  EXPECT_FALSE(never_step.captured());
+  EXPECT_TRUE(early_step.captured());
+  expect_equal_parameters(never, early);
+}
+
+TEST_F(TrainStepTest, CudaGraphStepRejectsAnotherBatchSize_CUDA) {
+  Mlp net = model();
+  place_module(net, gpu(0));
+  torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(1e-2));
+  CudaGraphStep step(net, optimizer, 8, 12);
+  const std::string message = test::error_message(
+      [&] { step.run(torch::randn({4, 12}, gpu(0)), torch::zeros({4}, torch::TensorOptions(gpu(0)).dtype(torch::kLong))); });
+  EXPECT_EQ(message, "a CUDA graph step was made for batches of 8 rows, got features [4, 12] and labels [4]");
+}
+#endif
+
+} // namespace
+} // namespace dkit
