@@ -319,6 +319,27 @@ std::string to_string(FusedAdamKernel kernel) {
   TORCH_INTERNAL_ASSERT(false, "unhandled FusedAdamKernel ", static_cast<int>(kernel));
 }
 
+FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups, torch::optim::AdamOptions defaults)
+    : torch::optim::Adam(std::move(param_groups), std::move(defaults)) {
+  fused_adam_kernel();
+}
+
+FusedAdam::FusedAdam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults)
+    : torch::optim::Adam(std::move(params), std::move(defaults)) {
+  fused_adam_kernel();
+}
+
+FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                       torch::optim::AdamWOptions defaults)
+    : torch::optim::AdamW(std::move(param_groups), std::move(defaults)) {
+  fused_adam_kernel();
+}
+
+FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults)
+    : torch::optim::AdamW(std::move(params), std::move(defaults)) {
+  fused_adam_kernel();
+}
+
 torch::Tensor FusedAdam::step(LossClosure closure) {
   at::Tensor loss;
   if (closure != nullptr) {

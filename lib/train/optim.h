@@ -40,7 +40,12 @@ std::string to_string(FusedAdamKernel kernel);
 /// ```
 class FusedAdam : public torch::optim::Adam {
  public:
-  using torch::optim::Adam::Adam;
+  /// Adam over `param_groups` with `defaults` for the options a group leaves unset; runs the probe of
+  /// fused_adam_kernel() if this process has not yet.
+  explicit FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                     torch::optim::AdamOptions defaults = {});
+  /// Adam over `params`, as torch::optim::Adam's constructor of the same form.
+  explicit FusedAdam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {});
 
   /// One Adam update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
   /// returned.
@@ -51,7 +56,12 @@ class FusedAdam : public torch::optim::Adam {
 /// torch::optim::AdamW, whose state and type it keeps.
 class FusedAdamW : public torch::optim::AdamW {
  public:
-  using torch::optim::AdamW::AdamW;
+  /// AdamW over `param_groups` with `defaults` for the options a group leaves unset; runs the probe of
+  /// fused_adam_kernel() if this process has not yet.
+  explicit FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                      torch::optim::AdamWOptions defaults = {});
+  /// AdamW over `params`, as torch::optim::AdamW's constructor of the same form.
+  explicit FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {});
 
   /// One AdamW update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
   /// returned.

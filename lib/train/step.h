@@ -50,8 +50,11 @@ class TrainStep {
   /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
   bool direct() const;
 
+  /// Releases the step's buffers; the parameters keep their last gradients.
   ~TrainStep();
+  /// Moves the step; the moved-from one may only be destroyed.
   TrainStep(TrainStep&&) noexcept;
+  /// Moves the step; the moved-from one may only be destroyed.
   TrainStep& operator=(TrainStep&&) noexcept;
 
  private:
@@ -81,6 +84,7 @@ class CudaGraphStep {
   /// batches of exactly `batch_size` rows of `num_features` features.
   CudaGraphStep(Mlp model, torch::optim::Adam& optimizer, int64_t batch_size, int64_t num_features,
                 int64_t warmup_steps = 3);
+  /// Releases the graph and its memory pool.
   ~CudaGraphStep();
   CudaGraphStep(const CudaGraphStep&) = delete;
   CudaGraphStep& operator=(const CudaGraphStep&) = delete;
