@@ -89,3 +89,53 @@ if(DKIT_WITH_CUDA)
 endif()
 
 message(STATUS "dkit: c10d Gloo ${DKIT_WITH_GLOO}, NCCL ${DKIT_WITH_NCCL}; DataParallel ${DKIT_WITH_DATA_PARALLEL}")
+
+# at::parallel_for and at::parallel_reduce are templates whose parallel branch is compiled only where _OPENMP is
+# defined (ATen/ParallelOpenMP.h): in code built without OpenMP they run their whole range on one thread, whatever
+# at::set_num_threads() says. dkit's own parallel kernels are therefore compiled with OpenMP when the found
+# LibTorch parallelises with OpenMP, and linked against the very OpenMP runtime it loads (Debian's libgomp.so.1, or
+# the libgomp-<hash>.so.1 a wheel bundles beside libtorch_cpu), so that both share one team of threads. GCC only:
+# Clang's -fopenmp targets a different runtime (libomp).
+#
+# Sets:
+#   DKIT_OPENMP_RUNTIME  the OpenMP runtime library to link, or empty when dkit's kernels stay on one thread
+option(DKIT_OPENMP "Compile dkit's parallel kernels with OpenMP when LibTorch uses OpenMP" ON)
+set(DKIT_OPENMP_RUNTIME "")
+if(DKIT_OPENMP)
+  set(_dkit_torch_openmp OFF)
+  foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
+    if(EXISTS "${dir}/ATen/Config.h")
+      file(STRINGS "${dir}/ATen/Config.h" _dkit_parallel REGEX "#define AT_PARALLEL_OPENMP 1")
+      if(_dkit_parallel)
+        set(_dkit_torch_openmp ON)
+      endif()
+      break()
+    endif()
+  endforeach()
+  set(_dkit_torch_library "${TORCH_LIBRARY}")
+  if(NOT _dkit_torch_library AND TARGET torch_cpu)
+    get_target_property(_dkit_torch_library torch_cpu IMPORTED_LOCATION)
+  endif()
+  set(_dkit_openmp_why "")
+  if(NOT _dkit_torch_openmp)
+    set(_dkit_openmp_why "LibTorch does not parallelise with OpenMP")
+  elseif(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    set(_dkit_openmp_why "only GCC's OpenMP (libgomp) is the runtime LibTorch uses")
+  elseif(NOT _dkit_torch_library)
+    set(_dkit_openmp_why "the LibTorch library's folder is unknown")
+  else()
+    get_filename_component(_dkit_torch_lib_dir "${_dkit_torch_library}" DIRECTORY)
+    file(GLOB _dkit_gomp "${_dkit_torch_lib_dir}/libgomp*.so*")
+    if(_dkit_gomp)
+      list(SORT _dkit_gomp)
+      list(GET _dkit_gomp 0 DKIT_OPENMP_RUNTIME)
+    else()
+      set(_dkit_openmp_why "no libgomp beside ${_dkit_torch_library}")
+    endif()
+  endif()
+  if(_dkit_openmp_why)
+    message(STATUS "dkit: OpenMP OFF (${_dkit_openmp_why}): dkit's own kernels run on one thread")
+  else()
+    message(STATUS "dkit: OpenMP ON, runtime ${DKIT_OPENMP_RUNTIME}")
+  endif()
+endif()
