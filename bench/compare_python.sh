@@ -15,6 +15,7 @@
 #            after 100 untimed warm-up steps (steady state); the faster loop is the one compared.
 # Each round runs both (their order alternating from round to round, so that a drift in the machine's load hits
 # them alike) and records the load average; the summary gives every round, the median and the spread.
+# It also gives the ratio of each side's fastest round, which a burst of load from elsewhere touches least.
 #
 # It also runs `dkit bench matmul` on the CPU with the same threads and reports the training step's arithmetic
 # rate, FLOPs per step = 6 * B * sum(in * out) + 13 per parameter (Adam), over the measured step time, as a
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --no-matmul) matmul=0; shift ;;
     --baseline) baseline=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_python: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -194,6 +195,11 @@ for key in keys:
     median, low, high = spread(key)
     result[key] = {"median": median, "min": low, "max": high}
     print(f"{key:>18}: median {median:.4g}  (min {low:.4g}, max {high:.4g})")
+best_python = max(row["python"] for row in rows)
+best_dkit = max(row["dkit_steady"] for row in rows)
+result["best_of_rounds"] = {"python": best_python, "dkit_steady": best_dkit, "ratio": best_dkit / best_python}
+print(f"     best of rounds: PyTorch {best_python:.4g}, dkit steady {best_dkit:.4g}, ratio {best_dkit / best_python:.3f}"
+      " (each side's fastest round, as timeit's minimum: the estimate least touched by other load)")
 if matmul:
     best_n = max(matmul, key=matmul.get)
     result["matmul_gflops"] = matmul

@@ -119,6 +119,57 @@ __attribute__((target("avx2,fma"))) void update_avx2(const Slot& s, int64_t begi
   update_elements<kFma>(s.param, s.grad, s.exp_avg, s.exp_avg_sq, i, end, c);
 }
 
+template <bool kFma>
+__attribute__((target("avx512f"))) inline __m512 multiply_add16(__m512 a, __m512 b, __m512 c) {
+  if constexpr (kFma) {
+    return _mm512_fmadd_ps(a, b, c);
+  } else {
+    return _mm512_add_ps(_mm512_mul_ps(a, b), c);
+  }
+}
+
+template <bool kFma>
+__attribute__((target("avx512f"))) void update_avx512(const Slot& s, int64_t begin, int64_t end) {
+  const Constants& c = s.constants;
+  const __m512 beta1 = _mm512_set1_ps(c.beta1);
+  const __m512 one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
+  const __m512 beta2 = _mm512_set1_ps(c.beta2);
+  const __m512 one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 bias_correction2_sqrt = _mm512_set1_ps(c.bias_correction2_sqrt);
+  const __m512 eps = _mm512_set1_ps(c.eps);
+  const __m512 neg_step_size = _mm512_set1_ps(c.neg_step_size);
+  const __m512 weight_decay = _mm512_set1_ps(c.weight_decay);
+  const __m512 decay = _mm512_set1_ps(c.decay);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m512 param = _mm512_loadu_ps(s.param + i);
+    if (c.decoupled) {
+      param = _mm512_mul_ps(param, decay);
+    }
+    __m512 grad = _mm512_loadu_ps(s.grad + i);
+    if (c.l2) {
+      grad = multiply_add16<kFma>(param, weight_decay, grad);
+    }
+    const __m512 exp_avg =
+        multiply_add16<kFma>(grad, one_minus_beta1, _mm512_mul_ps(_mm512_loadu_ps(s.exp_avg + i), beta1));
+    const __m512 exp_avg_sq = multiply_add16<kFma>(_mm512_mul_ps(one_minus_beta2, grad), grad,
+                                                   _mm512_mul_ps(_mm512_loadu_ps(s.exp_avg_sq + i), beta2));
+    // The masked form, with every lane set, is _mm512_sqrt_ps without GCC 12's false uninitialized warning.
+    const __m512 root = _mm512_maskz_sqrt_ps(static_cast<__mmask16>(0xFFFF), exp_avg_sq);
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(root, bias_correction2_sqrt), eps);
+    param = _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(neg_step_size, exp_avg), denom));
+    _mm512_storeu_ps(s.param + i, param);
+    _mm512_storeu_ps(s.exp_avg + i, exp_avg);
+    _mm512_storeu_ps(s.exp_avg_sq + i, exp_avg_sq);
+  }
+  update_avx2<kFma>(s, i, end);
+}
+
+bool has_avx512() {
+  static const bool available = __builtin_cpu_supports("avx512f");
+  return available;
+}
+
 bool has_avx2() {
   static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return available;
@@ -128,6 +179,10 @@ bool has_avx2() {
 template <bool kFma>
 void update_range(const Slot& s, int64_t begin, int64_t end) {
 #if DKIT_FUSED_ADAM_AVX2
+  if (has_avx512() && has_avx2()) {
+    update_avx512<kFma>(s, begin, end);
+    return;
+  }
   if (has_avx2()) {
     update_avx2<kFma>(s, begin, end);
     return;
