@@ -99,6 +99,7 @@ message(STATUS "dkit: c10d Gloo ${DKIT_WITH_GLOO}, NCCL ${DKIT_WITH_NCCL}; DataP
 #
 # Sets:
 #   DKIT_OPENMP_RUNTIME  the OpenMP runtime library to link, or empty when dkit's kernels stay on one thread
+#   DKIT_WITH_OPENMP     ON when DKIT_OPENMP_RUNTIME is set
 option(DKIT_OPENMP "Compile dkit's parallel kernels with OpenMP when LibTorch uses OpenMP" ON)
 set(DKIT_OPENMP_RUNTIME "")
 if(DKIT_OPENMP)
@@ -134,8 +135,14 @@ if(DKIT_OPENMP)
     endif()
   endif()
   if(_dkit_openmp_why)
+    set(DKIT_OPENMP_RUNTIME "")
     message(STATUS "dkit: OpenMP OFF (${_dkit_openmp_why}): dkit's own kernels run on one thread")
   else()
     message(STATUS "dkit: OpenMP ON, runtime ${DKIT_OPENMP_RUNTIME}")
   endif()
+endif()
+if(DKIT_OPENMP_RUNTIME)
+  set(DKIT_WITH_OPENMP ON)
+else()
+  set(DKIT_WITH_OPENMP OFF)
 endif()

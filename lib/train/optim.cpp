@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -363,6 +366,17 @@ FusedAdamKernel probe_kernel() {
 FusedAdamKernel fused_adam_kernel() {
   static const FusedAdamKernel kernel = probe_kernel();
   return kernel;
+}
+
+int kernel_threads() {
+  const int64_t items = at::get_num_threads();
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  at::parallel_for(0, items, 1, [&](int64_t /*begin*/, int64_t /*end*/) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(std::this_thread::get_id());
+  });
+  return static_cast<int>(threads.size());
 }
 
 std::string to_string(FusedAdamKernel kernel) {

@@ -28,6 +28,11 @@ FusedAdamKernel fused_adam_kernel();
 /// `fma`, `separate` or `none`, for logs and benchmark notes.
 std::string to_string(FusedAdamKernel kernel);
 
+/// How many distinct threads run the chunks of an `at::parallel_for` over `at::get_num_threads()` items in dkit's
+/// kernel code: that number when dkit was compiled with OpenMP (`DKIT_WITH_OPENMP`), 1 otherwise, since
+/// at::parallel_for runs its whole range on the calling thread in code built without OpenMP.
+int kernel_threads();
+
 /// `torch::optim::Adam` whose step() updates each float32 CPU parameter in one pass over its elements (gradient,
 /// both moments and the parameter together, split over LibTorch's intra-op threads for large parameters), instead
 /// of eight LibTorch operations per parameter, each a pass of its own with a dispatch and temporaries. The results

@@ -142,6 +142,8 @@ TEST(DeviceReportTest, ListsWhatTheBuildOffersForSeveralProcessesAndGpus) {
   ASSERT_EQ(found.count("gloo"), 1u);
   ASSERT_EQ(found.count("nccl"), 1u);
   ASSERT_EQ(found.count("data_parallel"), 1u);
+  ASSERT_EQ(found.count("openmp"), 1u);
+  EXPECT_EQ(found["openmp"].available, DKIT_WITH_OPENMP == 1);
   EXPECT_EQ(found["gloo"].available, DKIT_WITH_GLOO == 1);
   EXPECT_EQ(found["nccl"].available, DKIT_WITH_NCCL == 1);
   EXPECT_EQ(found["data_parallel"].available, DKIT_WITH_DATA_PARALLEL == 1);

@@ -1,6 +1,7 @@
 #include <dkit/train/optim.h>
 
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/config.h>
 #include <dkit/core/compat.h>
 
 #include "../support.h"
@@ -73,6 +74,14 @@ TEST_F(FusedAdamTest, UsesItsOwnKernelOnThisMachine) {
   EXPECT_EQ(to_string(FusedAdamKernel::kFusedMultiplyAdd), "fma");
   EXPECT_EQ(to_string(FusedAdamKernel::kSeparateRounding), "separate");
   EXPECT_EQ(to_string(FusedAdamKernel::kNone), "none");
+}
+
+TEST_F(FusedAdamTest, KernelLoopsRunOnEveryIntraOpThreadWhenBuiltWithOpenMp) {
+  const int previous = at::get_num_threads();
+  at::set_num_threads(2);
+  const int used = kernel_threads();
+  at::set_num_threads(previous);
+  EXPECT_EQ(used, DKIT_WITH_OPENMP ? 2 : 1);
 }
 
 TEST_F(FusedAdamTest, StepsAreBitwiseThoseOfTorchAdam) {
