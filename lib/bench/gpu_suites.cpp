@@ -23,12 +23,6 @@
 namespace dkit::bench {
 namespace {
 
-void say(const SuiteOptions& options, const std::string& line) {
-  if (options.progress()) {
-    options.progress()(line);
-  }
-}
-
 std::vector<Device> selected_gpus(const SuiteOptions& options) {
   std::vector<Device> gpus;
   if (options.devices().empty()) {
@@ -45,14 +39,6 @@ std::vector<Device> selected_gpus(const SuiteOptions& options) {
     }
   }
   return gpus;
-}
-
-std::string fixed(double value, int decimals) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(decimals);
-  out << value;
-  return out.str();
 }
 
 #if DKIT_WITH_CUDA
@@ -148,7 +134,7 @@ SuiteResult run_transfer(const Device& device, const SuiteOptions& options) {
       double pinned_seconds = 0.0;
       for (const bool use_pinned : {false, true}) {
         const std::string memory = use_pinned ? "pinned" : "pageable";
-        say(options, "transfer: " + direction + " " + memory + " " + size_label(bytes));
+        report_progress(options, "transfer: " + direction + " " + memory + " " + size_label(bytes));
         at::Tensor host = use_pinned ? pinned : pageable;
         at::Tensor dst = to_device ? on_device : host;
         const at::Tensor src = to_device ? host : on_device;
@@ -156,7 +142,7 @@ SuiteResult run_transfer(const Device& device, const SuiteOptions& options) {
         rows.push_back({direction, memory, bytes, measurement.seconds, {}, {}, {}});
         pinned_seconds = measurement.seconds.median;
       }
-      say(options, "transfer: " + direction + " pinned_overlap " + size_label(bytes));
+      report_progress(options, "transfer: " + direction + " pinned_overlap " + size_label(bytes));
       const auto matmuls = static_cast<int64_t>(
           std::clamp(std::ceil(pinned_seconds / std::max(one_matmul, 1e-9)), 1.0, 10000.0));
       const std::function<void()> compute = [&] {
@@ -210,7 +196,7 @@ SuiteResult run_transfer(const Device& device, const SuiteOptions& options) {
       std::move(table));
   for (const auto& [direction, gbps] : peak) {
     result.summary.emplace_back("peak_gbps." + direction, gbps);
-    result.notes.push_back(direction + ": best " + fixed(gbps, 2) + " GB/s in this run");
+    result.notes.push_back(direction + ": best " + format_fixed(gbps, 2) + " GB/s in this run");
   }
   return result;
 }
@@ -277,7 +263,7 @@ SuiteResult bench_multi_gpu(const SuiteOptions& options) {
   SuiteResult result("multi-gpu", "", ResultTable("multi-gpu", {}));
   for (const int64_t n : sizes) {
     DKIT_CHECK(n > 0, "sizes must be positive, got ", n);
-    say(options, "multi-gpu: n=" + std::to_string(n));
+    report_progress(options, "multi-gpu: n=" + std::to_string(n));
     const auto on_first = torch::TensorOptions().dtype(torch::kFloat32).device(first);
     const auto on_second = torch::TensorOptions().dtype(torch::kFloat32).device(second);
     const at::Tensor a0 = torch::randn({n, n}, on_first);
@@ -314,9 +300,9 @@ SuiteResult bench_multi_gpu(const SuiteOptions& options) {
     add("two in sequence", first.str(), sequential, 1.0, 1.0);
     add("two at once", first.str() + "+" + second.str(), parallel, speedup, speedup / 2.0);
     result.summary.emplace_back("efficiency.n=" + std::to_string(n), speedup / 2.0);
-    result.notes.push_back("n=" + std::to_string(n) + ": two GPUs at once are " + fixed(speedup, 2) +
+    result.notes.push_back("n=" + std::to_string(n) + ": two GPUs at once are " + format_fixed(speedup, 2) +
                            "x as fast as one GPU in sequence, a scaling efficiency of " +
-                           fixed(100.0 * speedup / 2.0, 0) + "%");
+                           format_fixed(100.0 * speedup / 2.0, 0) + "%");
   }
   result.description = "two float32 n x n matmuls, one after the other on " + first.str() + " vs one on " +
                        first.str() + " and one on " + second.str() +

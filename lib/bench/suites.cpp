@@ -24,30 +24,6 @@
 namespace dkit::bench {
 namespace {
 
-void say(const SuiteOptions& options, const std::string& line) {
-  if (options.progress()) {
-    options.progress()(line);
-  }
-}
-
-std::vector<Device> suite_devices(const SuiteOptions& options) {
-  std::vector<Device> devices = options.devices();
-  if (devices.empty()) {
-    devices.push_back(cpu());
-    for (int64_t i = 0; i < num_gpus(); ++i) {
-      devices.push_back(gpu(i));
-    }
-  }
-  for (auto& device : devices) {
-    DKIT_CHECK(is_available(device), "cannot benchmark on '", device.str(),
-               "': not available; available devices: ", available_devices());
-    if (device.is_cuda() && !device.has_index()) {
-      device = gpu(0);
-    }
-  }
-  return devices;
-}
-
 std::vector<int64_t> checked_sizes(const SuiteOptions& options, std::vector<int64_t> defaults) {
   std::vector<int64_t> sizes = options.sizes().empty() ? std::move(defaults) : options.sizes();
   for (const int64_t size : sizes) {
@@ -66,14 +42,6 @@ std::string case_label(const Device& device, c10::ScalarType dtype) {
 
 std::string case_key(const Device& device, c10::ScalarType dtype) {
   return device.str() + "." + dtype_name(dtype);
-}
-
-std::string fixed(double value, int decimals) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(decimals);
-  out << value;
-  return out.str();
 }
 
 struct MatmulCase {
@@ -119,7 +87,7 @@ std::string crossover_note(const std::vector<MatmulCase>& cases, const Device& d
   }
   summary.emplace_back(key, *from);
   const double speedup = cpu_times[*from] / gpu_times[*from];
-  return label + " overtakes the CPU (float32) from n=" + std::to_string(*from) + " on (" + fixed(speedup, 1) +
+  return label + " overtakes the CPU (float32) from n=" + std::to_string(*from) + " on (" + format_fixed(speedup, 1) +
          "x there), and stays ahead at every larger size measured";
 }
 
@@ -249,7 +217,7 @@ std::vector<SuiteResult> run_suites(std::string_view name, const SuiteOptions& o
   for (const Suite* suite : chosen) {
     const std::string why = suite->unsupported ? suite->unsupported(options) : "";
     if (!why.empty()) {
-      say(options, suite->name + ": skipped: " + why);
+      report_progress(options, suite->name + ": skipped: " + why);
       results.push_back(SuiteResult::skipped(suite->name, why));
       continue;
     }
@@ -276,7 +244,7 @@ SuiteResult bench_matmul(const SuiteOptions& options) {
     }
     for (const auto dtype : dtypes) {
       for (const int64_t n : sizes) {
-        say(options, "matmul: " + device.str() + " " + dtype_name(dtype) + " n=" + std::to_string(n));
+        report_progress(options, "matmul: " + device.str() + " " + dtype_name(dtype) + " n=" + std::to_string(n));
         const auto tensor_options = torch::TensorOptions().dtype(dtype).device(device);
         const at::Tensor a = torch::randn({n, n}, tensor_options);
         const at::Tensor b = torch::randn({n, n}, tensor_options);
@@ -323,7 +291,7 @@ SuiteResult bench_matmul(const SuiteOptions& options) {
     const std::string key = case_key(c.device, c.dtype);
     if (c.gflops == best[key]) {
       result.summary.emplace_back("best_gflops." + key, c.gflops);
-      result.notes.push_back(case_label(c.device, c.dtype) + ": best " + fixed(c.gflops, 1) + " GFLOP/s, at n=" +
+      result.notes.push_back(case_label(c.device, c.dtype) + ": best " + format_fixed(c.gflops, 1) + " GFLOP/s, at n=" +
                              std::to_string(c.n));
     }
   }
@@ -393,7 +361,7 @@ SuiteResult bench_logging(const SuiteOptions& options) {
       std::vector<int64_t> host_reads(variants.size(), 0);
       DeviceTimer timer(device);
       for (int64_t r = 0; r < repeat; ++r) {
-        say(options, "logging: " + device.str() + " n=" + std::to_string(n) + " run " + std::to_string(r + 1) + "/" +
+        report_progress(options, "logging: " + device.str() + " n=" + std::to_string(n) + " run " + std::to_string(r + 1) + "/" +
                          std::to_string(repeat) + " of each variant");
         for (size_t v = 0; v < variants.size(); ++v) {
           timer.start();
@@ -418,8 +386,8 @@ SuiteResult bench_logging(const SuiteOptions& options) {
         }
         result.summary.emplace_back("speedup_vs_item." + key, speedup);
         result.notes.push_back(device.str() + " n=" + std::to_string(n) + ": " + variant + " takes " +
-                               fixed(per_step.median * 1e6, 1) + " us/step, " + fixed(speedup, 2) +
-                               "x the speed of a:item_every_step (" + fixed(item_median * 1e6, 1) + " us/step)");
+                               format_fixed(per_step.median * 1e6, 1) + " us/step, " + format_fixed(speedup, 2) +
+                               "x the speed of a:item_every_step (" + format_fixed(item_median * 1e6, 1) + " us/step)");
       }
     }
   }
@@ -486,6 +454,30 @@ void write_text_file(const std::string& path, const std::string& text) {
   out << text;
   out.close();
   DKIT_CHECK(out, "cannot write '", path, "': ", std::strerror(errno));
+}
+
+void report_progress(const SuiteOptions& options, const std::string& line) {
+  if (options.progress()) {
+    options.progress()(line);
+  }
+}
+
+std::vector<Device> suite_devices(const SuiteOptions& options) {
+  std::vector<Device> devices = options.devices();
+  if (devices.empty()) {
+    devices.push_back(cpu());
+    for (int64_t i = 0; i < num_gpus(); ++i) {
+      devices.push_back(gpu(i));
+    }
+  }
+  for (auto& device : devices) {
+    DKIT_CHECK(is_available(device), "cannot benchmark on '", device.str(),
+               "': not available; available devices: ", available_devices());
+    if (device.is_cuda() && !device.has_index()) {
+      device = gpu(0);
+    }
+  }
+  return devices;
 }
 
 } // namespace dkit::bench

@@ -54,6 +54,14 @@ struct Suite {
   std::function<SuiteResult(const SuiteOptions&)> run;
 };
 
+/// The devices a suite that runs on the CPU and on GPUs measures: `options.devices()`, or the CPU and every GPU
+/// when it is empty; `cuda` without an index becomes `cuda:0`. A device that is not available is an error naming
+/// it and the available ones.
+std::vector<Device> suite_devices(const SuiteOptions& options);
+
+/// Passes `line` to `options.progress()` when one is set.
+void report_progress(const SuiteOptions& options, const std::string& line);
+
 /// The registered suites, in the order `all` runs them: the built-in ones, then those added by register_suite().
 /// A new built-in suite (such as `train`) is a `SuiteResult bench_NAME(const SuiteOptions&)` declared here and one
 /// entry in the list in suites.cpp's registry(), with an `unsupported` function when some machines cannot run it;

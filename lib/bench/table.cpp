@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <sstream>
 
 namespace dkit::bench {
 namespace {
@@ -218,6 +219,14 @@ std::string format_significant(double value, int digits) {
     std::snprintf(buf, sizeof(buf), "%.*f", decimals - 1, value);
   }
   return buf;
+}
+
+std::string format_fixed(double value, int decimals) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(decimals);
+  out << value;
+  return out.str();
 }
 
 std::string csv_field(std::string_view text) {

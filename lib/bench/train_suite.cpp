@@ -38,41 +38,9 @@ const std::vector<int64_t>& hidden_sizes() {
   return sizes;
 }
 
-void say(const SuiteOptions& options, const std::string& line) {
-  if (options.progress()) {
-    options.progress()(line);
-  }
-}
-
-std::string fixed(double value, int decimals) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(decimals);
-  out << value;
-  return out.str();
-}
-
 std::string rate_text(double samples_per_second) {
-  return samples_per_second >= 1e6 ? fixed(samples_per_second / 1e6, 2) + "M"
-                                   : fixed(samples_per_second / 1e3, 1) + "k";
-}
-
-std::vector<Device> train_devices(const SuiteOptions& options) {
-  std::vector<Device> devices = options.devices();
-  if (devices.empty()) {
-    devices.push_back(cpu());
-    for (int64_t i = 0; i < num_gpus(); ++i) {
-      devices.push_back(gpu(i));
-    }
-  }
-  for (auto& device : devices) {
-    DKIT_CHECK(is_available(device), "cannot benchmark on '", device.str(),
-               "': not available; available devices: ", available_devices());
-    if (device.is_cuda() && !device.has_index()) {
-      device = gpu(0);
-    }
-  }
-  return devices;
+  return samples_per_second >= 1e6 ? format_fixed(samples_per_second / 1e6, 2) + "M"
+                                   : format_fixed(samples_per_second / 1e3, 1) + "k";
 }
 
 // Sum over the layers of in * out: the multiply-adds of one sample's forward pass.
@@ -330,7 +298,7 @@ void time_variants(std::vector<Variant>& variants, const Device& device, int64_t
 } // namespace
 
 SuiteResult bench_train(const SuiteOptions& options) {
-  const std::vector<Device> devices = train_devices(options);
+  const std::vector<Device> devices = suite_devices(options);
   std::vector<int64_t> sizes = options.sizes();
   if (sizes.empty()) {
     sizes = options.quick() ? std::vector<int64_t>{32, 256, 2048}
@@ -366,7 +334,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
   bool pinned_fell_back = false;
   for (const auto& device : devices) {
     for (const int64_t batch : sizes) {
-      say(options, "train: " + device.str() + " batch " + std::to_string(batch));
+      report_progress(options, "train: " + device.str() + " batch " + std::to_string(batch));
       std::vector<Variant> variants;
       auto add = [&](std::string name, std::string what, Placement placement, bool graph) {
         torch::manual_seed(0);
@@ -393,7 +361,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
 
       PythonRun py;
       if (python_skipped.empty()) {
-        say(options, "train: " + device.str() + " batch " + std::to_string(batch) + " PyTorch (" + python + ")");
+        report_progress(options, "train: " + device.str() + " batch " + std::to_string(batch) + " PyTorch (" + python + ")");
         const int64_t steps = std::max<int64_t>(variants.front().iterations, 3);
         py = run_python(python, script, device, batch, samples, steps, /*warmup=*/std::max<int64_t>(steps, 10),
                         repeat);
@@ -440,7 +408,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
       if (best_python > 0) {
         result.summary.emplace_back("vs_pytorch." + key, best_dkit / best_python);
         result.notes.push_back(device.str() + " batch " + std::to_string(batch) + ": dkit " + best_variant + " " +
-                               rate_text(best_dkit) + " samples/s, " + fixed(best_dkit / best_python, 2) +
+                               rate_text(best_dkit) + " samples/s, " + format_fixed(best_dkit / best_python, 2) +
                                "x PyTorch's faster loop (" + best_loop + ", " + rate_text(best_python) +
                                " samples/s)");
       }
@@ -449,7 +417,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
         const double graph = static_cast<double>(batch) / summarize(variants[3].samples).median;
         result.summary.emplace_back("graph_vs_eager." + key, graph / eager);
         result.notes.push_back(device.str() + " batch " + std::to_string(batch) + ": the CUDA graph step runs " +
-                               fixed(graph / eager, 2) + "x the eager step's samples/s (device-resident data)");
+                               format_fixed(graph / eager, 2) + "x the eager step's samples/s (device-resident data)");
       }
     }
   }
@@ -478,7 +446,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
       "it) on " + std::to_string(samples) + " synthetic samples through dkit::Loader, " + std::to_string(threads) +
       " CPU thread(s); after 10 warm-up steps, samples of `steps` steps taken in turns, variant by variant, " +
       std::to_string(repeat) + " times; median/min/max ms per step; samples_per_s = batch / median; gflops = (6 * "
-      "batch * " + std::to_string(weight_products()) + " + " + fixed(kAdamFlopsPerParameter, 0) + " * " +
+      "batch * " + std::to_string(weight_products()) + " + " + format_fixed(kAdamFlopsPerParameter, 0) + " * " +
       std::to_string(parameter_count()) + " for Adam) / median; vs_pytorch = samples_per_s / the faster PyTorch "
       "loop's";
   result.table = std::move(table);

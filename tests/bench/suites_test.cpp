@@ -47,6 +47,21 @@ TEST_F(SuitesTest, MatmulRunsTinySizesOnTheCpu) {
   EXPECT_EQ(result.summary.front().first, "cpu_threads");
 }
 
+TEST_F(SuitesTest, DefaultDevicesAreTheCpuAndEveryGpu) {
+  const std::vector<Device> devices = suite_devices(SuiteOptions());
+  ASSERT_EQ(static_cast<int64_t>(devices.size()), 1 + num_gpus());
+  EXPECT_EQ(devices.front(), cpu());
+  EXPECT_EQ(suite_devices(SuiteOptions().devices({cpu()})), std::vector<Device>{cpu()});
+}
+
+TEST_F(SuitesTest, AnUnavailableDeviceIsNamed) {
+  if (num_gpus() > 7) {
+    GTEST_SKIP() << "cuda:7 exists here";
+  }
+  EXPECT_EQ(error_message([] { suite_devices(SuiteOptions().devices({gpu(7)})); }),
+            "cannot benchmark on 'cuda:7': not available; available devices: " + available_devices());
+}
+
 TEST_F(SuitesTest, MatmulRejectsNonPositiveSizes) {
   EXPECT_EQ(error_message([] { bench_matmul(SuiteOptions().devices({cpu()}).sizes({8, 0})); }),
             "sizes must be positive, got 0");

@@ -91,6 +91,12 @@ TEST_F(TableTest, FormatsSignificantDigitsWithoutExponents) {
   EXPECT_EQ(format_significant(std::numeric_limits<double>::infinity(), 4), "inf");
 }
 
+TEST_F(TableTest, FormatsAFixedNumberOfDecimals) {
+  EXPECT_EQ(format_fixed(2.5, 2), "2.50");
+  EXPECT_EQ(format_fixed(1234.5678, 1), "1234.6");
+  EXPECT_EQ(format_fixed(-0.25, 0), "-0");
+}
+
 TEST_F(TableTest, QuotesCsvFieldsOnlyWhenNeeded) {
   EXPECT_EQ(csv_field("plain"), "plain");
   EXPECT_EQ(csv_field("say \"hi\", ok"), "\"say \"\"hi\"\", ok\"");
