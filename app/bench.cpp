@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "usage.h"
 
 #include <dkit/bench/suites.h>
 #include <dkit/core/error.h>
@@ -67,8 +68,12 @@ int run_bench(Args args) {
   }
   DKIT_CHECK(result.count("suite") != 0, "which suite? Run '", args.program, " SUITE'; see --help for the suites");
   const std::string name = result["suite"].as<std::string>();
-  if (name != "all") {
-    bench::find_suite(name);
+  if (name != "all" && bench::try_find_suite(name) == nullptr) {
+    std::vector<std::string> names{"all"};
+    for (const auto& suite : bench::suites()) {
+      names.push_back(suite.name);
+    }
+    unknown_name("suite", name, names, args.program + " --help");
   }
   bench::SuiteOptions suite_options;
   if (result.count("device") != 0) {

@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "usage.h"
 
 #include <dkit/config.h>
 #include <dkit/core/error.h>
@@ -10,6 +11,8 @@
 
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -58,9 +61,11 @@ int dispatch(int argc, char** argv) {
       return verb.run(std::move(args));
     }
   }
-  std::cerr << "dkit: unknown verb '" << argv[1] << "'\n";
-  print_usage(std::cerr);
-  return 2;
+  std::vector<std::string> names;
+  for (const auto& verb : kVerbs) {
+    names.emplace_back(verb.name);
+  }
+  dkit::app::unknown_name("verb", argv[1], names, "dkit --help");
 }
 
 } // namespace
@@ -70,6 +75,9 @@ int main(int argc, char** argv) {
     return dispatch(argc, argv);
   } catch (const cxxopts::exceptions::exception& e) {
     std::cerr << "dkit: " << e.what() << " (see --help)\n";
+    return 2;
+  } catch (const dkit::app::UsageError& e) {
+    std::cerr << "dkit: " << e.what() << "\n";
     return 2;
   } catch (const dkit::Error& e) {
     std::cerr << "dkit: error: " << e.what() << "\n";

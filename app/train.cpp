@@ -34,6 +34,17 @@ std::string new_run_folder() {
   return folder;
 }
 
+// Every --set in the order given, each value whole: a vector option would split `model.hidden=[128,64]` at its comma.
+std::vector<std::string> overrides_of(const cxxopts::ParseResult& result) {
+  std::vector<std::string> overrides;
+  for (const auto& argument : result.arguments()) {
+    if (argument.key() == "set") {
+      overrides.push_back(argument.value());
+    }
+  }
+  return overrides;
+}
+
 std::string key_reference() {
   std::ostringstream out;
   out << "\nconfig keys (type, default):\n";
@@ -54,7 +65,7 @@ int run_train(Args args) {
                            "its share of every global batch and rank 0 writes the run folder (docs/distributed.md).");
   options.add_options()("c,config", "YAML config file", cxxopts::value<std::string>())(
       "s,set", "override a config key: KEY=VALUE, VALUE parsed as YAML (repeatable)",
-      cxxopts::value<std::vector<std::string>>())(
+      cxxopts::value<std::string>())(
       "o,out", "run folder (default: a new timestamped folder under runs/)", cxxopts::value<std::string>())(
       "r,resume", "continue the run in this folder from its newest good checkpoint, with the config it saved",
       cxxopts::value<std::string>())("no-progress", "plain log lines even on a terminal")(
@@ -68,8 +79,7 @@ int run_train(Args args) {
     std::cout << key_reference();
     return 0;
   }
-  const std::vector<std::string> overrides =
-      result.count("set") != 0 ? result["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  const std::vector<std::string> overrides = overrides_of(result);
   const std::optional<LaunchEnvironment> launch = launch_environment();
   const bool main_rank = !launch || launch->rank == 0;
   const bool resume = result.count("resume") != 0;

@@ -4,6 +4,8 @@
 #include "../process.h"
 #include "../support.h"
 
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 
 #include <cerrno>
@@ -12,10 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <regex>
 #include <sstream>
-#include <thread>
 
 #ifdef DKIT_APP_PATH
 
@@ -23,7 +25,6 @@ namespace dkit {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using test::Process;
 using test::run_process;
 
@@ -103,7 +104,7 @@ class TrainProcessTest : public test::SeedingFixture {
     std::ofstream(config_) << "device: cpu\nthreads: 1\nseed: 5\n"
                               "data: {source: synthetic, samples: 4000, features: 32, classes: 4}\n"
                               "model: {hidden: [128, 128], dropout: 0.1}\n"
-                              "train: {epochs: 8, batch_size: 32, log_every: 25, checkpoint_every: 25}\n";
+                              "train: {epochs: 8, batch_size: 32, log_every: 1, checkpoint_every: 25}\n";
   }
 
   std::vector<std::string> train(const std::string& out) const {
@@ -130,27 +131,38 @@ class TrainProcessTest : public test::SeedingFixture {
     return true;
   }
 
-  /// How long the uninterrupted reference run took, and when its first checkpoint appeared.
-  struct ReferenceTimes {
-    double seconds = 0;
-    double first_checkpoint = 0;
-  };
-
-  /// Trains without interruption into `reference`.
-  ReferenceTimes train_reference() {
-    const auto start = Clock::now();
-    const auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-    Process reference(train(tmp_.file("reference")), tmp_.file("reference"));
-    ReferenceTimes times;
-    while (!reference.finished()) {
-      if (times.first_checkpoint == 0 && fs::exists(tmp_.file("reference/checkpoints/last.pt"))) {
-        times.first_checkpoint = since_start();
+  /// Trains without interruption into `reference`; the number of steps the run takes.
+  int64_t train_reference() {
+    Process reference(train(tmp_.file("reference")), tmp_.file("reference"), {}, test::ErrTo::kPipe);
+    int64_t total = 0;
+    while (const auto line = reference.next_err_line()) {
+      if (const auto progress = logged_step(*line)) {
+        total = progress->second;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     EXPECT_EQ(reference.wait(), 0) << reference.err();
-    times.seconds = since_start();
-    return times;
+    EXPECT_GT(total, 0) << "the reference run printed no step line:\n" << reference.err();
+    return total;
+  }
+
+  /// The step and the total of a console line `step N/TOTAL ...`.
+  static std::optional<std::pair<int64_t, int64_t>> logged_step(const std::string& line) {
+    static const std::regex pattern("^step ([0-9]+)/([0-9]+) ");
+    std::smatch match;
+    if (!std::regex_search(line, match, pattern)) {
+      return std::nullopt;
+    }
+    return std::make_pair(std::stoll(match[1].str()), std::stoll(match[2].str()));
+  }
+
+  /// Reads `process`'s stderr until it reports step `step` or more; whether it did before it ended.
+  static bool read_until_step(Process& process, int64_t step) {
+    while (const auto line = process.next_err_line()) {
+      if (const auto progress = logged_step(*line); progress && progress->first >= step) {
+        return true;
+      }
+    }
+    return false;
   }
 
   /// A config file in the test's folder: `yaml`, plus the lines every run here shares.
@@ -188,66 +200,131 @@ class TrainProcessTest : public test::SeedingFixture {
   std::string config_;
 };
 
+// kill -9 at random steps, each chosen before the run starts and read off the run's own progress lines: the run logs
+// every step to a one-page stderr pipe, so it is never more than about 80 steps (a page of lines) past the line the test acted on.
+// Two kills come before the first checkpoint (step 25), ten after it and at least 200 steps before the end, so those
+// ten land mid-run whatever the machine's load. Every run, resumed or started again, ends bitwise equal to the
+// uninterrupted one.
 TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
-  const ReferenceTimes times = train_reference();
+  const int64_t total = train_reference();
   const StateDict expected = weights(tmp_.file("reference"));
+  ASSERT_GT(total, 400) << "the run is too short to kill mid-run with a margin of 200 steps";
   std::mt19937 generator(11);
-  // Most kills land after the first checkpoint whatever the start-up takes (a sanitized build starts slower), some
-  // before it.
-  std::uniform_real_distribution<double> moment(times.first_checkpoint / 2, times.seconds);
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  std::uniform_int_distribution<int64_t> early(1, 20);
+  std::uniform_int_distribution<int64_t> later(30, total - 200);
   int mid_run_kills = 0;
-  for (int round = 0; round < 12 && Clock::now() < deadline; ++round) {
+  for (int round = 0; round < 12; ++round) {
+    const int64_t target = round < 2 ? early(generator) : later(generator);
     const std::string run = tmp_.file("run" + std::to_string(round));
-    bool finished_before_kill = false;
     {
-      Process victim(train(run), run);
-      std::this_thread::sleep_for(std::chrono::duration<double>(moment(generator)));
-      finished_before_kill = victim.finished();
+      Process victim(train(run), run, {}, test::ErrTo::kPipe);
+      ASSERT_TRUE(read_until_step(victim, target))
+          << "round " << round << ": the run ended before step " << target << ":\n" << victim.err();
       victim.signal(SIGKILL);
-      victim.wait();
+      ASSERT_EQ(victim.wait(), 128 + SIGKILL) << "round " << round << ": the run ended before the kill";
     }
     const bool has_checkpoint = fs::exists(run + "/checkpoints/last.pt");
-    mid_run_kills += has_checkpoint && !finished_before_kill ? 1 : 0;
+    if (target > 25) {
+      EXPECT_TRUE(has_checkpoint) << "round " << round << ": killed after step " << target
+                                  << " but no checkpoint was written";
+    }
+    mid_run_kills += has_checkpoint ? 1 : 0;
     Process again(has_checkpoint ? resume(run) : train(run), run + "-again");
     ASSERT_EQ(again.wait(), 0) << again.err();
     EXPECT_TRUE(bitwise_equal(weights(run), expected)) << "round " << round << ": resumed weights differ";
   }
-  EXPECT_GE(mid_run_kills, 3) << "too few kills landed between the first checkpoint and the end";
+  EXPECT_GE(mid_run_kills, 10) << "every kill after step 25 lands between a checkpoint and the end";
 }
 
 TEST_F(TrainProcessTest, SigtermWritesACheckpointExitsWith143AndResumesExactly) {
-  train_reference();
+  const int64_t total = train_reference();
   const std::string run = tmp_.file("run");
-  Process victim(train(run), run);
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (Clock::now() < deadline && !victim.finished()) {
-    std::ifstream csv(run + "/metrics.csv");
-    int lines = 0;
-    for (std::string line; std::getline(csv, line);) {
-      ++lines;
-    }
-    if (lines >= 3) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_FALSE(victim.finished()) << "the run ended before it could be signalled";
+  Process victim(train(run), run, {}, test::ErrTo::kPipe);
+  ASSERT_TRUE(read_until_step(victim, 75)) << "the run ended before it could be signalled:\n" << victim.err();
   victim.signal(SIGTERM);
   EXPECT_EQ(victim.wait(), 143);
   const std::string err = victim.err();
   EXPECT_NE(err.find("dkit: stopped by signal 15 after step "), std::string::npos) << err;
   EXPECT_NE(err.find("; continue with: dkit train --resume " + run), std::string::npos) << err;
+  EXPECT_LT(load_training_checkpoint(run + "/checkpoints/last.pt").step, total) << "the signal came after the end";
   Process again(resume(run), run + "-again");
   ASSERT_EQ(again.wait(), 0) << again.err();
   EXPECT_TRUE(bitwise_equal(weights(run), weights(tmp_.file("reference"))));
 }
 
 
-// kill -9 while checkpoints are being written: every save of this run writes about 16 MB (a 1.3M-parameter model
-// and its Adam state) after a step of a few milliseconds, so most kills land inside a save. After each kill,
-// last.pt must read, and be the newest complete checkpoint: at least as new as every step file and as every save
-// that train.log recorded as done. The same run folder is resumed and killed again, round after round.
+// The names created in a folder or renamed into it, read from an inotify watch.
+class FolderWatch {
+ public:
+  explicit FolderWatch(const std::string& folder) : fd_(::inotify_init1(IN_CLOEXEC)) {
+    if (fd_ < 0 || ::inotify_add_watch(fd_, folder.c_str(), IN_CREATE | IN_MOVED_TO) < 0) {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~FolderWatch() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+  }
+  FolderWatch(const FolderWatch&) = delete;
+  FolderWatch& operator=(const FolderWatch&) = delete;
+
+  const std::string& error() const {
+    return error_;
+  }
+
+  /// Forgets the names created so far.
+  void drain() {
+    pending_.clear();
+    alignas(inotify_event) char buffer[4096];
+    for (pollfd ready{fd_, POLLIN, 0}; ::poll(&ready, 1, 0) > 0;) {
+      if (::read(fd_, buffer, sizeof(buffer)) <= 0) {
+        break;
+      }
+    }
+  }
+
+  /// Waits for the next name created in the folder or renamed into it while `alive()` holds; nothing once it no longer does.
+  template <typename Alive>
+  std::optional<std::string> next(Alive alive) {
+    while (pending_.empty()) {
+      pollfd ready{fd_, POLLIN, 0};
+      // The poll's period only bounds how often `alive` is asked; nothing is decided from it.
+      if (::poll(&ready, 1, 100) <= 0) {
+        if (!alive()) {
+          return std::nullopt;
+        }
+        continue;
+      }
+      alignas(inotify_event) char buffer[4096];
+      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
+      for (ssize_t offset = 0; offset < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + offset);
+        if (event->len > 0) {
+          pending_.emplace_back(event->name);
+        }
+        offset += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+    std::string name = pending_.front();
+    pending_.erase(pending_.begin());
+    return name;
+  }
+
+ private:
+  int fd_;
+  std::string error_;
+  std::vector<std::string> pending_;
+};
+
+// kill -9 inside checkpoint writes: every save of this run writes about 16 MB (a 1.3M-parameter model and its Adam
+// state) to a temporary file after a step of a few milliseconds. Each round waits for the process's first completed
+// save (its line in train.log), lets it create a random number of temporary files more (an inotify watch
+// tells), stops it with SIGSTOP at the next one, and kills it there if a
+// temporary file is still in the folder (the save is under way); otherwise it lets it go on to the next save. So
+// every kill lands inside a save, however busy the machine. After each kill, last.pt must read, and be the newest
+// complete checkpoint: at least as new as every step file and as every save that train.log recorded as done. The
+// same run folder is resumed and killed again, round after round.
 TEST_F(TrainProcessTest, KilledDuringCheckpointWritesLastIsAlwaysTheNewestCompleteOne) {
   const std::string config = write_config(
       "big.yaml", "data: {source: synthetic, samples: 600, features: 256, classes: 8}\n"
@@ -255,49 +332,61 @@ TEST_F(TrainProcessTest, KilledDuringCheckpointWritesLastIsAlwaysTheNewestComple
                   "train: {epochs: 200, batch_size: 8, log_every: 1000, checkpoint_every: 1, keep_checkpoints: 2}\n");
   const std::string run = tmp_.file("run");
   const std::string folder = run + "/checkpoints";
+  fs::create_directories(folder);
+  FolderWatch watch(folder);
+  ASSERT_EQ(watch.error(), "") << "cannot watch " << folder;
   std::mt19937 generator(7);
-  std::uniform_int_distribution<int> delay_ms(0, 250);
-  const auto deadline = Clock::now() + std::chrono::seconds(40);
-  int rounds = 0;
-  int kills_inside_a_save = 0;
+  std::uniform_int_distribution<int> saves_first(0, 3);
+  constexpr int kRounds = 8;
   int64_t newest = -1;
-  while (rounds < 25 && Clock::now() < deadline) {
-    const size_t saves_before = logged_checkpoint_steps(run).size();
+  int stops_between_saves = 0;
+  for (int round = 0; round < kRounds; ++round) {
     const bool resuming = fs::exists(folder + "/last.pt");
-    Process victim(resuming ? resume(run) : train_with(config, run), tmp_.file("round" + std::to_string(rounds)));
-    // Wait for this process's first completed save, then kill it a few milliseconds later.
-    const auto give_up = Clock::now() + std::chrono::seconds(60);
-    while (logged_checkpoint_steps(run).size() <= saves_before && !victim.finished() && Clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const size_t saves_before = logged_checkpoint_steps(run).size();
+    watch.drain();
+    Process victim(resuming ? resume(run) : train_with(config, run), tmp_.file("round" + std::to_string(round)));
+    const auto alive = [&] { return !victim.finished(); };
+    // Each save's files follow the train.log line of the one before, so the line is there once an event shows.
+    while (logged_checkpoint_steps(run).size() <= saves_before) {
+      ASSERT_TRUE(watch.next(alive).has_value()) << "round " << round << ": the run ended before its first save:\n"
+                                                 << victim.err();
     }
-    ASSERT_FALSE(victim.finished()) << "round " << rounds << ": the run ended before it was killed:\n"
+    for (int skip = saves_first(generator); skip >= 0;) {
+      const auto name = watch.next(alive);
+      ASSERT_TRUE(name.has_value()) << "round " << round << ": the run ended before it was killed:\n"
                                     << victim.err();
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(generator)));
+      if (name->find(".tmp") == std::string::npos || skip-- > 0) {
+        continue;
+      }
+      victim.stop();
+      if (temporary_files(folder) > 0) {
+        break;
+      }
+      ++stops_between_saves;
+      skip = 0;
+      victim.resume();
+    }
     victim.signal(SIGKILL);
     EXPECT_EQ(victim.wait(), 128 + SIGKILL);
-    ++rounds;
-    kills_inside_a_save += temporary_files(folder) > 0 ? 1 : 0;
 
     TrainingCheckpoint last;
     std::string error;
     ASSERT_TRUE(try_load_training_checkpoint(folder + "/last.pt", cpu(), last, error))
-        << "round " << rounds << ": last.pt is unreadable: " << error;
+        << "round " << round << ": last.pt is unreadable: " << error;
     for (const auto& file : CheckpointFolder(run).step_files()) {
       TrainingCheckpoint step;
-      EXPECT_TRUE(try_load_training_checkpoint(file, cpu(), step, error)) << "round " << rounds << ": " << error;
-      EXPECT_LE(step.step, last.step) << "round " << rounds << ": " << file << " is newer than last.pt";
+      EXPECT_TRUE(try_load_training_checkpoint(file, cpu(), step, error)) << "round " << round << ": " << error;
+      EXPECT_LE(step.step, last.step) << "round " << round << ": " << file << " is newer than last.pt";
     }
     const auto logged = logged_checkpoint_steps(run);
     ASSERT_FALSE(logged.empty());
     EXPECT_LE(logged.back(), last.step)
-        << "round " << rounds << ": a save train.log recorded as done is newer than last.pt";
-    EXPECT_GE(last.step, newest) << "round " << rounds << ": last.pt went back in time";
+        << "round " << round << ": a save train.log recorded as done is newer than last.pt";
+    EXPECT_GE(last.step, newest) << "round " << round << ": last.pt went back in time";
     newest = last.step;
   }
-  EXPECT_GE(rounds, 5) << "too few rounds in the time allowed";
-  EXPECT_GE(kills_inside_a_save, 2) << "too few of " << rounds << " kills landed inside a save";
-  std::cout << "[          ] " << rounds << " kills, " << kills_inside_a_save
-            << " inside a save (temporary files left), last.pt at step " << newest << "\n";
+  std::cout << "[          ] " << kRounds << " kills inside a save (" << stops_between_saves
+            << " stops came after a save had ended and were let go on), last.pt at step " << newest << "\n";
 }
 
 // A full disk during a save, on a tmpfs just large enough for three checkpoints: the fourth save fails with a

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Makes a Debian root folder with debootstrap, from the mirror this machine's apt sources name, for building and
+# testing dkit against another Debian's packages or timing the README's commands on a machine that has none of them.
+#
+#   scripts/debian_root.sh SUITE DIR [COMPONENTS]   # e.g. bookworm /tmp/fresh, trixie .cache/roots/trixie main,contrib
+#   scripts/debian_root.sh --run DIR COMMAND...     # runs COMMAND as root inside DIR (proc, sys, dev mounted for it)
+#
+# A DIR that already holds a finished root is reused as it is (its marker file .dkit-root names the suite). Needs
+# root and debootstrap (apt-get install debootstrap).
+set -euo pipefail
+
+die() {
+  echo "debian_root: $*" >&2
+  exit 1
+}
+
+[ "$(id -u)" -eq 0 ] || die "needs root (debootstrap and chroot)"
+
+# The first http(s) mirror of Debian's main archive in apt's sources (deb822 or one-line format).
+mirror() {
+  local found
+  found=$(grep -rhoE '^(URIs:[[:space:]]*|deb[[:space:]]+(\[[^]]*\][[:space:]]+)?)https?://[^[:space:]]+' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
+    grep -oE 'https?://[^[:space:]]+' | grep -v -e security -e updates | head -n 1 || true)
+  [ -n "$found" ] || die "no Debian mirror in /etc/apt/sources.list{,.d}"
+  echo "${found%/}"
+}
+
+# Runs a command in the root with /proc, /sys and /dev mounted, and unmounts them however it ends.
+run_in() {
+  local dir=$1
+  shift
+  [ -f "$dir/.dkit-root" ] || die "$dir is not a root made by this script"
+  cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+  local mounted=()
+  for fs in proc sys dev dev/pts; do
+    if ! mountpoint -q "$dir/$fs"; then
+      case $fs in
+        proc) mount -t proc proc "$dir/proc" ;;
+        sys) mount -t sysfs sys "$dir/sys" ;;
+        dev) mount --bind /dev "$dir/dev" ;;
+        dev/pts) mount -t devpts devpts "$dir/dev/pts" ;;
+      esac
+      mounted=("$dir/$fs" "${mounted[@]}")
+    fi
+  done
+  local rc=0
+  chroot "$dir" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" "$@" || rc=$?
+  for m in "${mounted[@]}"; do
+    umount -l "$m" || true
+  done
+  return "$rc"
+}
+
+if [ "${1:-}" = "--run" ]; then
+  [ $# -ge 3 ] || die "usage: $0 --run DIR COMMAND..."
+  dir=$2
+  shift 2
+  run_in "$dir" "$@"
+  exit $?
+fi
+
+[ $# -ge 2 ] || die "usage: $0 SUITE DIR [COMPONENTS] | --run DIR COMMAND..."
+suite=$1
+dir=$2
+components=${3:-main}
+command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap"
+
+if [ -f "$dir/.dkit-root" ]; then
+  echo "debian_root: reusing $dir ($(cat "$dir/.dkit-root"))"
+  exit 0
+fi
+url=$(mirror)
+rm -rf "$dir"
+mkdir -p "$dir"
+echo "debian_root: debootstrap $suite ($components) from $url into $dir"
+debootstrap --variant=minbase --components="$components" "$suite" "$dir" "$url" >"$dir.debootstrap.log" 2>&1 ||
+  die "debootstrap of $suite failed (see $dir.debootstrap.log)"
+# apt in the root reads the same mirror, with the same components, and nothing recommended.
+echo "deb $url $suite ${components//,/ }" >"$dir/etc/apt/sources.list"
+echo 'APT::Install-Recommends "false";' >"$dir/etc/apt/apt.conf.d/90dkit-no-recommends"
+echo "$suite $components $url" >"$dir/.dkit-root"
+rm -f "$dir.debootstrap.log"
+echo "debian_root: made $dir"
