@@ -6,19 +6,52 @@
 #   DKIT_WITH_CUDA      ON when the found LibTorch was built with CUDA
 dkit_find_package(Torch)
 
+# The version: from the package's version file (TorchConfigVersion.cmake, which PyTorch's wheels and zips ship), or
+# else from the headers' TORCH_VERSION_* macros, which LibTorch 2.8 and later define in torch/headeronly/version.h
+# (torch/version.h only includes that one there).
 set(DKIT_TORCH_VERSION "unknown")
-foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
-  if(EXISTS "${dir}/torch/version.h")
-    file(STRINGS "${dir}/torch/version.h" _dkit_version_lines REGEX "#define TORCH_VERSION_(MAJOR|MINOR|PATCH) ")
-    set(_dkit_parts "")
-    foreach(part MAJOR MINOR PATCH)
-      string(REGEX MATCH "TORCH_VERSION_${part} ([0-9]+)" _ "${_dkit_version_lines}")
-      list(APPEND _dkit_parts "${CMAKE_MATCH_1}")
+if(Torch_VERSION MATCHES "^[0-9]+\\.[0-9]+")
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+(\\.[0-9]+)?" DKIT_TORCH_VERSION "${Torch_VERSION}")
+else()
+  foreach(dir IN LISTS TORCH_INCLUDE_DIRS)
+    foreach(header torch/version.h torch/headeronly/version.h)
+      if(NOT EXISTS "${dir}/${header}")
+        continue()
+      endif()
+      file(STRINGS "${dir}/${header}" _dkit_version_lines REGEX "#define TORCH_VERSION_(MAJOR|MINOR|PATCH) ")
+      string(REGEX MATCH "TORCH_VERSION_MAJOR \\(?([0-9]+)" _ "${_dkit_version_lines}")
+      if(CMAKE_MATCH_1 STREQUAL "")
+        continue()
+      endif()
+      set(_dkit_parts "")
+      foreach(part MAJOR MINOR PATCH)
+        string(REGEX MATCH "TORCH_VERSION_${part} \\(?([0-9]+)" _ "${_dkit_version_lines}")
+        list(APPEND _dkit_parts "${CMAKE_MATCH_1}")
+      endforeach()
+      list(JOIN _dkit_parts "." DKIT_TORCH_VERSION)
+      break()
     endforeach()
-    list(JOIN _dkit_parts "." DKIT_TORCH_VERSION)
-    break()
-  endif()
-endforeach()
+    if(NOT DKIT_TORCH_VERSION STREQUAL "unknown")
+      break()
+    endif()
+  endforeach()
+endif()
+
+# The C++ standard: LibTorch 2.13 and later need C++20 (their headers stop with "#error C++20 or later compatible
+# compiler is required"), earlier ones C++17. dkit asks for no more than its LibTorch needs, since dkit::dkit hands
+# its standard on to every program that links it: a C++17 project on LibTorch 1.13 or 2.6 can use dkit as it is. A
+# higher CMAKE_CXX_STANDARD given on the command line is kept.
+#
+# Sets:
+#   DKIT_CXX_STANDARD  17 or 20, what the found LibTorch needs (dkit::dkit's cxx_std_NN compile feature)
+if(DKIT_TORCH_VERSION VERSION_GREATER_EQUAL 2.13)
+  set(DKIT_CXX_STANDARD 20)
+else()
+  set(DKIT_CXX_STANDARD 17)
+endif()
+if(NOT CMAKE_CXX_STANDARD OR CMAKE_CXX_STANDARD LESS DKIT_CXX_STANDARD)
+  set(CMAKE_CXX_STANDARD ${DKIT_CXX_STANDARD})
+endif()
 
 if(TARGET torch_cuda OR TARGET c10_cuda OR CAFFE2_USE_CUDA)
   set(DKIT_WITH_CUDA ON)
@@ -26,7 +59,7 @@ else()
   set(DKIT_WITH_CUDA OFF)
 endif()
 
-message(STATUS "dkit: LibTorch ${DKIT_TORCH_VERSION}, CUDA ${DKIT_WITH_CUDA}")
+message(STATUS "dkit: LibTorch ${DKIT_TORCH_VERSION}, C++${CMAKE_CXX_STANDARD}, CUDA ${DKIT_WITH_CUDA}")
 
 # What the found LibTorch offers for training on several processes or GPUs. c10d's backends are compiled into
 # libtorch_cpu/libtorch_cuda when PyTorch was built with them, which the exported targets say through the

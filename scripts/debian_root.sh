@@ -33,13 +33,14 @@ run_in() {
   [ -f "$dir/.dkit-root" ] || die "$dir is not a root made by this script"
   cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
   local mounted=()
-  for fs in proc sys dev dev/pts; do
+  for fs in proc sys dev dev/pts dev/shm; do
     if ! mountpoint -q "$dir/$fs"; then
       case $fs in
         proc) mount -t proc proc "$dir/proc" ;;
         sys) mount -t sysfs sys "$dir/sys" ;;
         dev) mount --bind /dev "$dir/dev" ;;
         dev/pts) mount -t devpts devpts "$dir/dev/pts" ;;
+        dev/shm) mount -t tmpfs shm "$dir/dev/shm" ;;
       esac
       mounted=("$dir/$fs" "${mounted[@]}")
     fi

@@ -384,7 +384,7 @@ void restore_rng_state(const RngState& state) {
     check_cpu_generator_state(state.cpu);
     restore(at::detail::getDefaultCPUGenerator(), state.cpu, "CPU");
   }
-  const auto gpus = std::min(state.cuda.size(), torch::cuda::device_count());
+  const auto gpus = std::min(state.cuda.size(), static_cast<size_t>(torch::cuda::device_count()));
   for (size_t i = 0; i < gpus; ++i) {
     const Device device = gpu(static_cast<int64_t>(i));
     restore(at::globalContext().defaultGenerator(device), state.cuda[i], device.str());

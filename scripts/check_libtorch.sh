@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Builds dkit against the LibTorch of other Debian releases, each in a Debian root made with debootstrap from the
+# mirror this machine's apt sources name (scripts/debian_root.sh), cached in .cache/roots (or $DKIT_ROOTS_DIR).
+#
+#   scripts/check_libtorch.sh TARGET...     # TARGET: cuda, stable, newest or all
+#
+#   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole CTest suite,
+#           with trixie's PyTorch 2.6 for the Python interop tests.
+#   newest  Debian unstable (sid): the newest LibTorch Debian has (C++20 from 2.13 on); builds and runs the whole
+#           suite with sid's PyTorch. Sid moves: when its packages cannot be installed at the moment, the target
+#           says "unavailable", not "failed", and does not fail the run.
+#   cuda    Debian 13 with its CUDA build of LibTorch 2.6 (libtorch-cuda-dev, contrib), CUDA 12.4 (nvidia-cuda-
+#           toolkit, non-free), NCCL and Gloo for CUDA: compiles and links everything with CUDA, NCCL and
+#           DataParallel on, and lists the CUDA-gated sources it compiled. A compile-and-link check only: cuDNN
+#           stays absent (Debian's nvidia-cudnn downloads it from NVIDIA when it is installed, which cannot work
+#           without the internet), so the link leaves libtorch_cuda.so's cuDNN symbols unresolved, and nothing
+#           runs (there is no GPU here either).
+#   all     the three.
+#
+# Ends with one line per target: passed, failed or unavailable, with the LibTorch version. Exit status 0 when no
+# target failed. Needs root and debootstrap (apt-get install debootstrap).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+roots=${DKIT_ROOTS_DIR:-$(pwd)/.cache/roots}
+jobs=${DKIT_JOBS:-$(nproc)}
+
+usage() {
+  echo "usage: scripts/check_libtorch.sh cuda|stable|newest|all..." >&2
+  exit 2
+}
+[ $# -ge 1 ] || usage
+targets=()
+for target in "$@"; do
+  case $target in
+    all) targets+=(cuda stable newest) ;;
+    cuda | stable | newest) targets+=("$target") ;;
+    *) usage ;;
+  esac
+done
+if [ "$(id -u)" -ne 0 ]; then
+  echo "check_libtorch: needs root (debootstrap, chroot)" >&2
+  exit 1
+fi
+if ! command -v debootstrap >/dev/null; then
+  apt-get install -y -q debootstrap >/dev/null || { echo "check_libtorch: cannot install debootstrap" >&2; exit 1; }
+fi
+mkdir -p "$roots"
+
+say() {
+  echo "check_libtorch: $*"
+}
+
+in_root() {
+  local root=$1
+  shift
+  bash scripts/debian_root.sh --run "$root" "$@"
+}
+
+# Copies the working tree (tracked files and the untracked ones git does not ignore) into the root's /src.
+copy_source() {
+  rm -rf "$1/src"
+  mkdir -p "$1/src"
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -C "$1/src" -xf -
+}
+
+# Debian's nvidia-cudnn downloads cuDNN from NVIDIA in its postinst, which fails without the internet and leaves
+# the package unconfigured: its postinst is replaced with a no-op, and the rest is configured.
+readonly skip_cudnn_download='f=/var/lib/dpkg/info/nvidia-cudnn.postinst; if [ -f $f ] && ! dpkg -s nvidia-cudnn 2>/dev/null | grep -q "^Status: install ok installed"; then printf "#!/bin/sh\nexit 0\n" >$f; dpkg --configure -a; fi'
+
+# The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda.
+install_command() {
+  case $1 in
+    cuda)
+      echo "./scripts/setup.sh --without-torch && { apt-get install -y -q libtorch-cuda-dev nvidia-cuda-toolkit \
+            libnccl-dev libgloo-cuda-dev || true; } && $skip_cudnn_download && \
+            apt-get install -y -q -f && dpkg -s libtorch-cuda-dev >/dev/null"
+      ;;
+    *) echo "./scripts/setup.sh" ;;
+  esac
+}
+
+results=()
+failed=0
+
+record() {
+  results+=("$(printf '%-7s %-12s %s' "$1" "$2" "$3")")
+  [ "$2" = failed ] && failed=1
+  return 0
+}
+
+for target in "${targets[@]}"; do
+  start=$SECONDS
+  case $target in
+    stable) suite=trixie components=main torch_package=libtorch-dev ;;
+    newest) suite=sid components=main torch_package=libtorch-dev ;;
+    cuda) suite=trixie components=main,contrib,non-free torch_package=libtorch-cuda-dev ;;
+  esac
+  root=$roots/$target
+  log=$roots/$target.log
+  : >"$log"
+  say "$target: Debian $suite ($components) in $root; log $log"
+  if ! bash scripts/debian_root.sh "$suite" "$root" "$components" >>"$log" 2>&1; then
+    tail -n 5 "$log" | sed 's/^/  | /'
+    if [ "$target" = newest ]; then
+      record "$target" unavailable "(could not make a Debian $suite root now: not a build or test failure)"
+    else
+      record "$target" failed "(could not make a Debian $suite root: see $log)"
+    fi
+    continue
+  fi
+  copy_source "$root"
+  say "$target: installing the packages"
+  if ! in_root "$root" bash -c "export DEBIAN_FRONTEND=noninteractive; cd /src && $(install_command "$target")" \
+      >>"$log" 2>&1; then
+    tail -n 15 "$log" | sed 's/^/  | /'
+    if [ "$target" = newest ]; then
+      say "$target: Debian $suite's packages cannot be installed at the moment: not a build or test failure"
+      record "$target" unavailable "(Debian $suite's packages cannot be installed now: see $log)"
+    else
+      record "$target" failed "(the packages could not be installed: see $log)"
+    fi
+    continue
+  fi
+  version=$(in_root "$root" dpkg-query -W -f='${Version}' "$torch_package" | sed -E 's/^[0-9]+://; s/[-+~].*//')
+  say "$target: LibTorch $version ($torch_package), g++ $(in_root "$root" g++ -dumpfullversion)"
+  mode=full
+  [ "$target" = cuda ] && mode=cuda
+  if in_root "$root" bash /src/scripts/libtorch_build.sh "$mode" /src /build "$jobs" 2>&1 | tee -a "$log" |
+      grep -E --line-buffered '^(libtorch_build|-- dkit:|[0-9]+% tests passed|The following tests|CMake Error)|^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)|error:'; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+    record "$target" passed "LibTorch $version ($((SECONDS - start)) s)"
+  else
+    record "$target" failed "LibTorch $version ($((SECONDS - start)) s; log: $log)"
+  fi
+done
+
+echo
+for line in "${results[@]}"; do
+  say "$line"
+done
+exit $failed

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The build that scripts/check_libtorch.sh runs inside each Debian root (usable on any machine that has the
+# packages):
+#
+#   scripts/libtorch_build.sh full SOURCE BUILD JOBS   # configure, build everything, run the whole CTest suite
+#   scripts/libtorch_build.sh cuda SOURCE BUILD JOBS   # CUDA LibTorch: configure (CUDA, NCCL and DataParallel must
+#                                                      # be on), build everything, list the CUDA-gated sources
+set -euo pipefail
+mode=$1 source=$2 build=$3 jobs=$4
+cd "$source"
+
+say() {
+  echo "libtorch_build: $*"
+}
+
+case $mode in
+  full)
+    cmake -S . -B "$build" | grep -E '^-- dkit:'
+    say "building"
+    cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
+    say "testing"
+    ctest --test-dir "$build" --output-on-failure --parallel "$jobs"
+    ;;
+  cuda)
+    # Without cuDNN, which libtorch_cuda.so needs, the linker is told to leave symbols of shared libraries
+    # unresolved: the link checks dkit's own symbols, nothing is run.
+    cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc \
+      -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs \
+      -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs | grep -E '^-- dkit:'
+    for flag in CUDA NCCL DATA_PARALLEL; do
+      if ! grep -q "#define DKIT_WITH_$flag 1" "$build/generated/dkit/config.h"; then
+        say "DKIT_WITH_$flag is off: this LibTorch cannot check dkit's CUDA code"
+        exit 1
+      fi
+    done
+    say "building with CUDA, NCCL and DataParallel on"
+    cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
+    missing=0
+    for file in $(grep -rlE --include='*.cpp' 'DKIT_WITH_(CUDA|NCCL|DATA_PARALLEL)' lib app tests bench fuzz | sort); do
+      if [ -n "$(find "$build" -name "$(basename "$file").o" -newer "$build/generated/dkit/config.h" | head -n 1)" ]; then
+        say "compiled with CUDA on: $file"
+      else
+        say "NOT compiled: $file"
+        missing=1
+      fi
+    done
+    [ "$missing" -eq 0 ] || exit 1
+    say "cuda is a compile-and-link check: cuDNN is absent and there is no GPU, so nothing was run"
+    ;;
+  *)
+    echo "usage: scripts/libtorch_build.sh full|cuda SOURCE BUILD JOBS" >&2
+    exit 2
+    ;;
+esac
