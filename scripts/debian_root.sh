@@ -81,6 +81,10 @@ debootstrap --variant=minbase --components="$components" "$suite" "$dir" "$url" 
 # apt in the root reads the same mirror, with the same components, and nothing recommended.
 echo "deb $url $suite ${components//,/ }" >"$dir/etc/apt/sources.list"
 echo 'APT::Install-Recommends "false";' >"$dir/etc/apt/apt.conf.d/90dkit-no-recommends"
+# A mirror that serves a frozen copy of Debian (this workplace's does) has Release files past their Valid-Until date
+# for the suites that move (sid); these roots are throwaway build roots, so apt takes them (signatures are still
+# checked).
+echo 'Acquire::Check-Valid-Until "false";' >"$dir/etc/apt/apt.conf.d/90dkit-frozen-mirror"
 echo "$suite $components $url" >"$dir/.dkit-root"
 rm -f "$dir.debootstrap.log"
 echo "debian_root: made $dir"

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace c10d {
 class Backend;
@@ -50,10 +51,18 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
+/// Whether `Options` (c10d::TCPStoreOptions) has the `useLibUV` field of LibTorch 2.3 and later.
+template <typename Options, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename Options>
+struct HasUseLibUV<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>> : std::true_type {};
+
 /// `c10d::TCPStoreOptions` for dkit's rendezvous (`Options` is that type, named here without its header). The
-/// fields set are the same in both versions; 2.x adds `masterListenFd` and `useLibUV` (the libuv server, the
-/// default from 2.4), left at their defaults. `waitWorkers` is off: dkit waits for the ranks itself, so that it can
-/// say which ones are missing.
+/// fields set are the same in every version; 2.x adds `masterListenFd`, left at its default, and `useLibUV`, the
+/// libuv server, on by default from 2.4 even in builds without libuv (Debian's 2.6 and later), where the store then
+/// refuses to start ("use_libuv was requested but PyTorch was build without libuv support"). dkit asks for the
+/// classic server, which every build has: its store carries a few keys per step at most. `waitWorkers` is off:
+/// dkit waits for the ranks itself, so that it can say which ones are missing.
 template <typename Options>
 Options tcp_store_options(uint16_t port, bool is_server, std::chrono::milliseconds timeout) {
   Options options;
@@ -61,6 +70,9 @@ Options tcp_store_options(uint16_t port, bool is_server, std::chrono::millisecon
   options.isServer = is_server;
   options.waitWorkers = false;
   options.timeout = timeout;
+  if constexpr (HasUseLibUV<Options>::value) {
+    options.useLibUV = false;
+  }
   return options;
 }
 

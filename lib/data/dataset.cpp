@@ -200,26 +200,43 @@ class TempFolder {
   fs::path path_;
 };
 
+// Decompresses a gzip file (one member or several) with zlib's inflate rather than gzread: zlib's versions differ
+// in whether gzread reports a stream that ends early (1.2 does, 1.3.2 returns what it has), and a cut-short file
+// must be the same error everywhere.
 void gunzip(const std::string& from, const std::string& to) {
-  gzFile in = gzopen(from.c_str(), "rb");
-  if (in == nullptr) {
-    const int err = errno;
-    throw Error(concat("cannot open '", from, "': ", std::strerror(err)));
-  }
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> in_guard(in, &gzclose);
+  File in = open_file(from, "rb", "gzip file");
   File out = open_file(to, "wb", "temporary file");
-  char buffer[1 << 16];
-  int got = 0;
-  while ((got = gzread(in, buffer, sizeof buffer)) > 0) {
-    DKIT_CHECK(std::fwrite(buffer, 1, static_cast<size_t>(got), out.get()) == static_cast<size_t>(got),
-               "cannot write '", to, "': ", std::strerror(errno));
+  z_stream stream{};
+  DKIT_CHECK(inflateInit2(&stream, 16 + MAX_WBITS) == Z_OK, "cannot decompress '", from, "': out of memory");
+  std::unique_ptr<z_stream, int (*)(z_stream*)> stream_guard(&stream, &inflateEnd);
+  std::vector<unsigned char> input(1 << 16);
+  std::vector<unsigned char> output(1 << 16);
+  int status = Z_OK;
+  bool any_input = false;
+  for (;;) {
+    if (stream.avail_in == 0) {
+      const size_t got = std::fread(input.data(), 1, input.size(), in.get());
+      DKIT_CHECK(!std::ferror(in.get()), "cannot read '", from, "': ", std::strerror(errno));
+      if (got == 0) {
+        break;
+      }
+      any_input = true;
+      stream.next_in = input.data();
+      stream.avail_in = static_cast<uInt>(got);
+    }
+    if (status == Z_STREAM_END) {
+      DKIT_CHECK(inflateReset(&stream) == Z_OK, "cannot decompress '", from, "'");
+    }
+    stream.next_out = output.data();
+    stream.avail_out = static_cast<uInt>(output.size());
+    status = inflate(&stream, Z_NO_FLUSH);
+    DKIT_CHECK(status == Z_OK || status == Z_STREAM_END || status == Z_BUF_ERROR, "cannot decompress '", from,
+               "': ", stream.msg != nullptr ? stream.msg : "not gzip data");
+    const size_t produced = output.size() - stream.avail_out;
+    DKIT_CHECK(std::fwrite(output.data(), 1, produced, out.get()) == produced, "cannot write '", to, "': ",
+               std::strerror(errno));
   }
-  int code = Z_OK;
-  std::string_view message = gzerror(in, &code);
-  if (message.substr(0, from.size() + 2) == from + ": ") {
-    message.remove_prefix(from.size() + 2);
-  }
-  DKIT_CHECK(got == 0 && code == Z_OK, "cannot decompress '", from, "': ", message);
+  DKIT_CHECK(any_input && status == Z_STREAM_END, "cannot decompress '", from, "': unexpected end of file");
   DKIT_CHECK(std::fflush(out.get()) == 0, "cannot write '", to, "': ", std::strerror(errno));
 }
 

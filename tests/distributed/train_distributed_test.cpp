@@ -286,9 +286,15 @@ TEST_F(DistributedTrainTest, TorchrunStartsTheRanks) {
   for (const auto& arg : train(run, {"train.epochs=1"})) {
     args.push_back(arg);
   }
-  Process launcher(args, run);
+  // USE_LIBUV=0: torchrun 2.4 and later start their store with libuv, which Debian builds PyTorch without; 2.14
+  // heeds the variable, 2.6 does not (then the test is skipped below).
+  Process launcher(args, run, {"USE_LIBUV=0"});
   // A hang guard only, far above the seconds a one-epoch run takes.
   ASSERT_TRUE(launcher.wait_for(std::chrono::seconds(600))) << "torchrun did not finish within 600 s";
+  if (launcher.wait() != 0 && launcher.err().find("use_libuv was requested but PyTorch was buil") != std::string::npos) {
+    GTEST_SKIP() << "this torchrun cannot start its own store: it asks for the libuv server (PyTorch 2.4+), which its "
+                    "PyTorch was built without (Debian's python3-torch 2.6); dkit never got to run";
+  }
   EXPECT_EQ(launcher.wait(), 0) << launcher.out() << launcher.err();
   const std::string summary = read(run + "/summary.json");
   EXPECT_NE(summary.find("\"steps\":26,\"samples\":808,"), std::string::npos) << summary << launcher.err();
