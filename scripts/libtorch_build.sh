@@ -23,8 +23,9 @@ case $mode in
     ;;
   cuda)
     # Without cuDNN, which libtorch_cuda.so needs, the linker is told to leave symbols of shared libraries
-    # unresolved: the link checks dkit's own symbols, nothing is run.
-    cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc \
+    # unresolved: the link checks dkit's own symbols, nothing is run (the test list too is read only when CTest
+    # runs, not after the link, since the test program cannot start without cuDNN).
+    cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
       -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs \
       -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs | grep -E '^-- dkit:'
     for flag in CUDA NCCL DATA_PARALLEL; do
