@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # dkit in a container. The build stage compiles dkit and runs its whole test suite; the runtime stage holds only
 # the `dkit` command and the libraries it loads, and runs as a non-root user.
 #

@@ -13,6 +13,10 @@ using namespace std::chrono_literals;
 
 class GradientReducerTest : public test::SeedingFixture {
  protected:
+  void SetUp() override {
+    DKIT_SKIP_WITHOUT_GLOO();
+  }
+
   GradientReducerTest() {
     x_ = torch::randn({12, 6});
     y_ = torch::randint(0, 3, {12});

@@ -1,6 +1,9 @@
 #pragma once
 
+#include <dkit/config.h>
 #include <dkit/distributed/process_group.h>
+
+#include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,6 +16,13 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+/// Skips the current test when this build of dkit has no c10d backend for the CPU: Gloo's headers were not found
+/// when it was configured (some LibTorch wheels, or a build without libgloo-dev), so multi-process training was left
+/// out of it. tests/CMakeLists.txt reports the test as skipped.
+#define DKIT_SKIP_WITHOUT_GLOO()                                                                                   \
+  if (!DKIT_WITH_GLOO)                                                                                             \
+  GTEST_SKIP() << "needs c10d's Gloo backend, which this build of dkit lacks (see `dkit devices`)"
 
 namespace dkit::test {
 

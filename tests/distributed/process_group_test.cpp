@@ -20,6 +20,10 @@ using test::error_message;
 /// Each rank of a small run is a thread of this test, with its own ProcessGroupContext over loopback.
 class ProcessGroupTest : public test::SeedingFixture {
  protected:
+  void SetUp() override {
+    DKIT_SKIP_WITHOUT_GLOO();
+  }
+
   LaunchEnvironment env(int64_t rank, int64_t world_size, int64_t world_size_seen = 0) const {
     return test::loopback_launch(rank, world_size_seen > 0 ? world_size_seen : world_size, port_);
   }
@@ -217,6 +221,7 @@ TEST_F(ProcessGroupTest, ARankThatFailedIsQuotedByTheOthers) {
 }
 
 TEST(ResolveBackendTest, AutoIsGlooOnTheCpu) {
+  DKIT_SKIP_WITHOUT_GLOO();
   EXPECT_EQ(resolve_backend("auto", cpu()), "gloo");
   EXPECT_EQ(resolve_backend("gloo", cpu()), "gloo");
   EXPECT_TRUE(backend_available("gloo"));
@@ -226,6 +231,7 @@ TEST(ResolveBackendTest, AutoIsGlooOnTheCpu) {
 }
 
 TEST(ResolveBackendTest, NcclIsRefusedWhereItCannotWork) {
+  DKIT_SKIP_WITHOUT_GLOO();
   if (DKIT_WITH_NCCL) {
     EXPECT_EQ(error_message([] { resolve_backend("nccl", cpu()); }),
               "dist.backend 'nccl' needs a GPU, but this rank trains on cpu; use dist.backend: gloo or auto on the CPU");

@@ -25,6 +25,10 @@ using test::Process;
 /// hand would.
 class DistributedTrainTest : public test::SeedingFixture {
  protected:
+  void SetUp() override {
+    DKIT_SKIP_WITHOUT_GLOO();
+  }
+
   DistributedTrainTest() {
     // 1010 samples, 808 for training: 26 global batches of 32 per epoch, the last one of 8 samples, all of which
     // rank 0 takes (rank 1 has none).

@@ -3,6 +3,8 @@
 # dkitConfig.cmake refuses it with its message.
 #
 #   cmake -DPREFIX=... -DSOURCE_DIR=... -DWORK_DIR=... -DTORCH_DIR=... -DGENERATOR=... -DCXX=... -P other_libtorch.cmake
+#
+# PREFIX is the install prefix, then any other prefixes to search (a list).
 set(fake "${WORK_DIR}/torch")
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(WRITE "${fake}/TorchConfig.cmake" "include(\"${TORCH_DIR}/TorchConfig.cmake\")\n")
