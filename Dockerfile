@@ -8,6 +8,7 @@
 # docs/building.md explains more. Each variant has its own build-* and runtime-* stages, picked by DKIT_VARIANT;
 # BuildKit (Docker's default builder since 23.0) builds only the stages the chosen variant uses.
 # scripts/check_dockerfile.sh checks this file against the README and the CMake install (CTest: docker.*).
+# scripts/check_docker.sh builds the CPU variant for real and runs it, with base images made locally (no registry).
 
 ARG DKIT_VARIANT=cuda
 ARG CUDA_VERSION=12.8.1
