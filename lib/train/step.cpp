@@ -111,8 +111,24 @@ struct TrainStep::Direct {
     }
   }
 
+  // The models the hand-written backward implements, and nothing else: every field of MlpOptions at a value it
+  // knows, and a module made of the Linear layers alone, each with its weight and bias.
   static bool supports(const Mlp& model) {
-    return model->options.dropout() == 0.0 && model->options.bias();
+    const MlpOptions& options = model->options;
+    if (options.dropout() != 0.0 || !options.bias()) {
+      return false;
+    }
+    const auto& layers = model->layers();
+    if (layers.size() != options.hidden().size() + 1 || model->children().size() != layers.size() ||
+        model->parameters().size() != 2 * layers.size() || !model->buffers().empty()) {
+      return false;
+    }
+    for (const auto& layer : layers) {
+      if (!layer->bias.defined() || layer->named_parameters(/*recurse=*/true).size() != 2) {
+        return false;
+      }
+    }
+    return true;
   }
 
   bool accepts(const at::Tensor& features, const at::Tensor& labels) const {
@@ -183,6 +199,21 @@ struct TrainStep::Direct {
     return {loss_sum, correct_count(logits, labels)};
   }
 };
+
+// MlpOptions as Direct::supports knows it. A field added to MlpOptions changes its size and stops the build here
+// until Direct::supports decides about it (and the field is added below): the hand-written backward must refuse
+// what it does not know rather than silently train a different model.
+struct KnownMlpOptions {
+  int64_t in_features;
+  std::vector<int64_t> hidden;
+  int64_t out_features;
+  Activation activation;
+  double dropout;
+  bool bias;
+};
+static_assert(sizeof(MlpOptions) == sizeof(KnownMlpOptions),
+              "MlpOptions has a field TrainStep's hand-written backward does not know: teach Direct::supports "
+              "about it, then add it to KnownMlpOptions");
 
 TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer)
     : model_(std::move(model)), optimizer_(&optimizer), parameters_(model_->parameters()) {

@@ -107,6 +107,27 @@ TEST_F(TrainStepTest, GradientsAreTheParametersOwnAfterAStep) {
   }
 }
 
+// The hand-written backward takes only the models it implements: no bias, dropout, or any module, parameter or
+// buffer beyond the Linear layers sends the step to autograd, which still trains the model as written.
+TEST_F(TrainStepTest, TheHandWrittenBackwardRefusesModelsItDoesNotKnow) {
+  const auto direct_for = [](Mlp net) {
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+    return TrainStep(net, optimizer).direct();
+  };
+  EXPECT_TRUE(direct_for(model()));
+  EXPECT_FALSE(direct_for(model(Activation::kReLU, 0.1)));
+  EXPECT_FALSE(direct_for(Mlp(MlpOptions(12, {32, 16}, 5).bias(false))));
+  Mlp extra_module = model();
+  extra_module->register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({5})));
+  EXPECT_FALSE(direct_for(extra_module));
+  Mlp extra_parameter = model();
+  extra_parameter->register_parameter("scale", torch::ones({1}));
+  EXPECT_FALSE(direct_for(extra_parameter));
+  Mlp extra_buffer = model();
+  extra_buffer->register_buffer("running", torch::zeros({5}));
+  EXPECT_FALSE(direct_for(extra_buffer));
+}
+
 TEST_F(TrainStepTest, CountsCorrectRowsAsArgmaxDoesWithTiesAndNaN) {
   Mlp net = model();
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.0));
