@@ -15,6 +15,7 @@
 #include <chrono>
 #include <fstream>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -236,6 +237,27 @@ class Process {
   std::string err_text_;
   size_t err_read_ = 0;
 };
+
+/// The step and the total of a `dkit train` console line `step N/TOTAL ...`.
+inline std::optional<std::pair<int64_t, int64_t>> logged_step(const std::string& line) {
+  static const std::regex pattern("^step ([0-9]+)/([0-9]+) ");
+  std::smatch match;
+  if (!std::regex_search(line, match, pattern)) {
+    return std::nullopt;
+  }
+  return std::make_pair(std::stoll(match[1].str()), std::stoll(match[2].str()));
+}
+
+/// Reads a `dkit train` process's stderr (ErrTo::kPipe) until it reports step `step` or more; whether it did before
+/// it ended.
+inline bool read_until_step(Process& process, int64_t step) {
+  while (const auto line = process.next_err_line()) {
+    if (const auto progress = logged_step(*line); progress && progress->first >= step) {
+      return true;
+    }
+  }
+  return false;
+}
 
 /// Runs a program to its end; its exit status.
 inline int run_process(const std::vector<std::string>& argv, const std::string& output_prefix,

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <regex>
 #include <sstream>
 
 #ifdef DKIT_APP_PATH
@@ -111,18 +110,6 @@ class DistributedTrainTest : public test::SeedingFixture {
     return text.str();
   }
 
-  /// Reads `process`'s stderr (a pipe) until it reports step `step` or more; whether it did before it ended.
-  static bool read_until_step(Process& process, int64_t step) {
-    static const std::regex pattern("^step ([0-9]+)/");
-    while (const auto line = process.next_err_line()) {
-      std::smatch match;
-      if (std::regex_search(*line, match, pattern) && std::stoll(match[1].str()) >= step) {
-        return true;
-      }
-    }
-    return false;
-  }
-
   test::TempDir tmp_;
   std::string config_;
 };
@@ -206,7 +193,7 @@ TEST_F(DistributedTrainTest, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   // Rank 0 logs to a one-page pipe, so it is at most a page of lines (about 700 of the 1040 steps) past step 30
   // when the signal is sent.
   auto ranks = start_ranks(2, [&](int) { return train(run, longer); }, "run", test::ErrTo::kPipe);
-  ASSERT_TRUE(read_until_step(*ranks[0], 30)) << "the run ended before it could be signalled";
+  ASSERT_TRUE(test::read_until_step(*ranks[0], 30)) << "the run ended before it could be signalled";
   ranks[1]->signal(SIGTERM);
   EXPECT_EQ(ranks[0]->wait(), 143) << ranks[0]->err();
   EXPECT_EQ(ranks[1]->wait(), 143) << ranks[1]->err();
@@ -226,7 +213,7 @@ TEST_F(DistributedTrainTest, AKilledRankMakesTheOtherFailNamingIt) {
     const std::string run = tmp_.file("run" + std::to_string(victim));
     auto ranks = start_ranks(2, [&](int) { return train(run, {"train.epochs=1000"}); }, "kill" + std::to_string(victim),
                              test::ErrTo::kPipe);
-    ASSERT_TRUE(read_until_step(*ranks[0], 20)) << ranks[0]->err();
+    ASSERT_TRUE(test::read_until_step(*ranks[0], 20)) << ranks[0]->err();
     const int survivor = 1 - victim;
     ranks[victim]->signal(SIGKILL);
     const auto killed = Clock::now();

@@ -136,33 +136,13 @@ class TrainProcessTest : public test::SeedingFixture {
     Process reference(train(tmp_.file("reference")), tmp_.file("reference"), {}, test::ErrTo::kPipe);
     int64_t total = 0;
     while (const auto line = reference.next_err_line()) {
-      if (const auto progress = logged_step(*line)) {
+      if (const auto progress = test::logged_step(*line)) {
         total = progress->second;
       }
     }
     EXPECT_EQ(reference.wait(), 0) << reference.err();
     EXPECT_GT(total, 0) << "the reference run printed no step line:\n" << reference.err();
     return total;
-  }
-
-  /// The step and the total of a console line `step N/TOTAL ...`.
-  static std::optional<std::pair<int64_t, int64_t>> logged_step(const std::string& line) {
-    static const std::regex pattern("^step ([0-9]+)/([0-9]+) ");
-    std::smatch match;
-    if (!std::regex_search(line, match, pattern)) {
-      return std::nullopt;
-    }
-    return std::make_pair(std::stoll(match[1].str()), std::stoll(match[2].str()));
-  }
-
-  /// Reads `process`'s stderr until it reports step `step` or more; whether it did before it ended.
-  static bool read_until_step(Process& process, int64_t step) {
-    while (const auto line = process.next_err_line()) {
-      if (const auto progress = logged_step(*line); progress && progress->first >= step) {
-        return true;
-      }
-    }
-    return false;
   }
 
   /// A config file in the test's folder: `yaml`, plus the lines every run here shares.
@@ -218,7 +198,7 @@ TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
     const std::string run = tmp_.file("run" + std::to_string(round));
     {
       Process victim(train(run), run, {}, test::ErrTo::kPipe);
-      ASSERT_TRUE(read_until_step(victim, target))
+      ASSERT_TRUE(test::read_until_step(victim, target))
           << "round " << round << ": the run ended before step " << target << ":\n" << victim.err();
       victim.signal(SIGKILL);
       ASSERT_EQ(victim.wait(), 128 + SIGKILL) << "round " << round << ": the run ended before the kill";
@@ -240,7 +220,7 @@ TEST_F(TrainProcessTest, SigtermWritesACheckpointExitsWith143AndResumesExactly) 
   const int64_t total = train_reference();
   const std::string run = tmp_.file("run");
   Process victim(train(run), run, {}, test::ErrTo::kPipe);
-  ASSERT_TRUE(read_until_step(victim, 75)) << "the run ended before it could be signalled:\n" << victim.err();
+  ASSERT_TRUE(test::read_until_step(victim, 75)) << "the run ended before it could be signalled:\n" << victim.err();
   victim.signal(SIGTERM);
   EXPECT_EQ(victim.wait(), 143);
   const std::string err = victim.err();
