@@ -212,7 +212,6 @@ void gunzip(const std::string& from, const std::string& to) {
   std::vector<unsigned char> input(1 << 16);
   std::vector<unsigned char> output(1 << 16);
   int status = Z_OK;
-  bool any_input = false;
   for (;;) {
     if (stream.avail_in == 0) {
       const size_t got = std::fread(input.data(), 1, input.size(), in.get());
@@ -220,7 +219,6 @@ void gunzip(const std::string& from, const std::string& to) {
       if (got == 0) {
         break;
       }
-      any_input = true;
       stream.next_in = input.data();
       stream.avail_in = static_cast<uInt>(got);
     }
@@ -236,7 +234,7 @@ void gunzip(const std::string& from, const std::string& to) {
     DKIT_CHECK(std::fwrite(output.data(), 1, produced, out.get()) == produced, "cannot write '", to, "': ",
                std::strerror(errno));
   }
-  DKIT_CHECK(any_input && status == Z_STREAM_END, "cannot decompress '", from, "': unexpected end of file");
+  DKIT_CHECK(status == Z_STREAM_END, "cannot decompress '", from, "': unexpected end of file");
   DKIT_CHECK(std::fflush(out.get()) == 0, "cannot write '", to, "': ", std::strerror(errno));
 }
 
