@@ -4,6 +4,7 @@
 #include <dkit/checkpoint/torch_file.h>
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 #include <dkit/core/json.h>
 #include <dkit/data/dataset.h>
 #include <dkit/device/device.h>
@@ -88,12 +89,9 @@ void write_logits(std::ostream& out, const at::Tensor& logits) {
   const at::Tensor cpu = logits.to(torch::kCPU, torch::kFloat).contiguous();
   const float* data = cpu.data_ptr<float>();
   const int64_t columns = cpu.size(1);
-  char buffer[32];
   for (int64_t r = 0; r < cpu.size(0); ++r) {
     for (int64_t c = 0; c < columns; ++c) {
-      std::snprintf(buffer, sizeof(buffer), "%.*g", std::numeric_limits<float>::max_digits10,
-                    static_cast<double>(data[r * columns + c]));
-      out << (c == 0 ? "" : ",") << buffer;
+      out << (c == 0 ? "" : ",") << format_number(data[r * columns + c]);
     }
     out << '\n';
   }

@@ -200,35 +200,6 @@ void ResultTable::write_json(JsonWriter& json) const {
   json.end_object();
 }
 
-std::string format_significant(double value, int digits) {
-  if (std::isnan(value)) {
-    return "nan";
-  }
-  if (std::isinf(value)) {
-    return value > 0 ? "inf" : "-inf";
-  }
-  if (value == 0.0) {
-    return "0";
-  }
-  digits = std::max(digits, 1);
-  const int magnitude = static_cast<int>(std::floor(std::log10(std::fabs(value))));
-  int decimals = std::clamp(digits - 1 - magnitude, 0, 15);
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
-  if (decimals > 0 && std::fabs(std::strtod(buf, nullptr)) >= std::pow(10.0, magnitude + 1)) {
-    std::snprintf(buf, sizeof(buf), "%.*f", decimals - 1, value);
-  }
-  return buf;
-}
-
-std::string format_fixed(double value, int decimals) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(decimals);
-  out << value;
-  return out.str();
-}
-
 std::string csv_field(std::string_view text) {
   if (text.find_first_of(",\"\r\n") == std::string_view::npos) {
     return std::string(text);

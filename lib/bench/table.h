@@ -1,5 +1,7 @@
 #pragma once
 
+#include <dkit/core/format.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -77,12 +79,6 @@ class ResultTable {
   std::vector<Column> columns_;
   std::vector<std::vector<Cell>> rows_;
 };
-
-/// `value` rounded to `digits` significant digits in fixed notation, never an exponent: 0.01235, 1.235, 15230.
-std::string format_significant(double value, int digits);
-
-/// `value` with exactly `decimals` digits after the point, in fixed notation: format_fixed(2.5, 2) is `2.50`.
-std::string format_fixed(double value, int decimals);
 
 /// `text` as one CSV field: quoted, with quotes doubled, when it holds a comma, a quote or a line break.
 std::string csv_field(std::string_view text);

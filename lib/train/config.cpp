@@ -1,6 +1,7 @@
 #include <dkit/train/config.h>
 
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 #include <dkit/device/device.h>
 
 #include <yaml-cpp/yaml.h>
@@ -360,16 +361,6 @@ std::string check_choice(const TrainConfig& config, const std::string& name, con
                              ", got '", value, "'"));
 }
 
-std::string format_double(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  std::string text(buffer, result.ptr);
-  if (text.find_first_of(".en") == std::string::npos) {
-    text += ".0";
-  }
-  return text;
-}
-
 } // namespace
 
 const std::vector<ConfigKey>& config_keys() {
@@ -499,7 +490,7 @@ std::string to_yaml(const FullTrainConfig& c) {
   }
   out << YAML::Key << "label_column" << YAML::Value << c.label_column;
   out << YAML::Key << "scaling" << YAML::Value << c.scaling;
-  out << YAML::Key << "val_fraction" << YAML::Value << format_double(c.val_fraction);
+  out << YAML::Key << "val_fraction" << YAML::Value << format_number(c.val_fraction);
   out << YAML::Key << "samples" << YAML::Value << c.synthetic_samples;
   out << YAML::Key << "features" << YAML::Value << c.synthetic_features;
   out << YAML::Key << "classes" << YAML::Value << c.synthetic_classes;
@@ -507,16 +498,16 @@ std::string to_yaml(const FullTrainConfig& c) {
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "hidden" << YAML::Value << YAML::Flow << c.hidden;
   out << YAML::Key << "activation" << YAML::Value << c.activation;
-  out << YAML::Key << "dropout" << YAML::Value << format_double(c.dropout);
+  out << YAML::Key << "dropout" << YAML::Value << format_number(c.dropout);
   out << YAML::EndMap;
   out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "epochs" << YAML::Value << c.epochs;
   out << YAML::Key << "max_steps" << YAML::Value << c.max_steps;
   out << YAML::Key << "batch_size" << YAML::Value << c.batch_size;
-  out << YAML::Key << "lr" << YAML::Value << format_double(c.lr);
+  out << YAML::Key << "lr" << YAML::Value << format_number(c.lr);
   out << YAML::Key << "optimizer" << YAML::Value << to_string(c.optimizer);
-  out << YAML::Key << "momentum" << YAML::Value << format_double(c.momentum);
-  out << YAML::Key << "weight_decay" << YAML::Value << format_double(c.weight_decay);
+  out << YAML::Key << "momentum" << YAML::Value << format_number(c.momentum);
+  out << YAML::Key << "weight_decay" << YAML::Value << format_number(c.weight_decay);
   out << YAML::Key << "log_every" << YAML::Value << c.log_every;
   out << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   out << YAML::Key << "keep_checkpoints" << YAML::Value << c.keep_checkpoints;

@@ -2,6 +2,7 @@
 
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 #include <dkit/core/json.h>
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
@@ -169,15 +170,6 @@ class Stopwatch {
   Clock::time_point started_;
   double total_ = 0;
 };
-
-std::string csv_number(double value) {
-  if (!std::isfinite(value)) {
-    return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
-  }
-  std::ostringstream out;
-  out << std::setprecision(8) << value;
-  return out.str();
-}
 
 } // namespace
 
@@ -459,8 +451,8 @@ struct Trainer::Impl {
     const double rate = seconds > 0 ? window_samples / seconds : 0.0;
     summary.final_loss = loss;
     if (main) {
-      metrics_csv << step << "," << epoch + 1 << "," << csv_number(loss) << "," << csv_number(accuracy) << ","
-                  << csv_number(current_lr()) << "," << csv_number(rate) << ",,\n";
+      metrics_csv << step << "," << epoch + 1 << "," << format_number(loss) << "," << format_number(accuracy) << ","
+                  << format_number(current_lr()) << "," << format_number(rate) << ",,\n";
     }
     std::ostringstream text;
     text << "epoch " << epoch + 1 << "/" << config.epochs << " loss " << std::fixed << std::setprecision(4) << loss
@@ -509,7 +501,7 @@ struct Trainer::Impl {
     summary.val_accuracy = val_accuracy;
     last_validated_step = step;
     if (main) {
-      metrics_csv << step << "," << epoch + 1 << ",,,,," << csv_number(val_loss) << "," << csv_number(val_accuracy)
+      metrics_csv << step << "," << epoch + 1 << ",,,,," << format_number(val_loss) << "," << format_number(val_accuracy)
                   << "\n";
       metrics_csv.flush();
     }

@@ -1,0 +1,65 @@
+#include <dkit/core/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace dkit {
+namespace {
+
+template <typename T>
+std::string shortest(T value) {
+  if (std::isnan(value)) {
+    return "nan";
+  }
+  if (std::isinf(value)) {
+    return value > 0 ? "inf" : "-inf";
+  }
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  std::string text(buffer, result.ptr);
+  if (text.find_first_of(".e") == std::string::npos) {
+    text += ".0";
+  }
+  return text;
+}
+
+} // namespace
+
+std::string format_number(double value) {
+  return shortest(value);
+}
+
+std::string format_number(float value) {
+  return shortest(value);
+}
+
+std::string format_fixed(double value, int decimals) {
+  char buffer[400];
+  std::snprintf(buffer, sizeof(buffer), "%.*f", std::clamp(decimals, 0, 30), value);
+  return buffer;
+}
+
+std::string format_significant(double value, int digits) {
+  if (std::isnan(value)) {
+    return "nan";
+  }
+  if (std::isinf(value)) {
+    return value > 0 ? "inf" : "-inf";
+  }
+  if (value == 0.0) {
+    return "0";
+  }
+  digits = std::max(digits, 1);
+  const int magnitude = static_cast<int>(std::floor(std::log10(std::fabs(value))));
+  const int decimals = std::clamp(digits - 1 - magnitude, 0, 15);
+  std::string text = format_fixed(value, decimals);
+  if (decimals > 0 && std::fabs(std::strtod(text.c_str(), nullptr)) >= std::pow(10.0, magnitude + 1)) {
+    text = format_fixed(value, decimals - 1);
+  }
+  return text;
+}
+
+} // namespace dkit

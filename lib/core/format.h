@@ -1,0 +1,24 @@
+#pragma once
+
+#include <string>
+
+namespace dkit {
+
+/// The one text form of a number that a program reads back: the shortest decimal that parses to exactly `value`
+/// (`0.001`, `1e-08`), with `.0` after a whole number so YAML and CSV readers keep it a float (`3.0`); `nan`,
+/// `inf` and `-inf` otherwise. Used by the resolved config.yaml, metrics.csv and `dkit predict`.
+std::string format_number(double value);
+
+/// format_number() for a float: the shortest decimal that parses back to the same float (`0.1`, not
+/// `0.100000001`).
+std::string format_number(float value);
+
+/// The text form of a number for people: exactly `decimals` digits after the point, in fixed notation
+/// (`format_fixed(2.5, 2)` is `2.50`). Used by log lines, the progress display and benchmark tables.
+std::string format_fixed(double value, int decimals);
+
+/// `value` rounded to `digits` significant digits, in fixed notation (`format_significant(0.012345, 3)` is
+/// `0.0123`, `format_significant(12345.0, 3)` is `12345`): benchmark tables.
+std::string format_significant(double value, int digits);
+
+} // namespace dkit

@@ -1,0 +1,43 @@
+#include <dkit/core/format.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <limits>
+
+namespace dkit {
+namespace {
+
+TEST(FormatTest, NumbersReadBackExactlyInTheirShortestForm) {
+  EXPECT_EQ(format_number(0.001), "0.001");
+  EXPECT_EQ(format_number(3.0), "3.0");
+  EXPECT_EQ(format_number(1e-8), "1e-08");
+  EXPECT_EQ(format_number(0.1f), "0.1");
+  EXPECT_EQ(format_number(std::numeric_limits<double>::quiet_NaN()), "nan");
+  EXPECT_EQ(format_number(-std::numeric_limits<double>::infinity()), "-inf");
+  for (const double value : {1.0 / 3.0, 2.0 / 7.0 * 1e300, -5e-324, 0.30000000000000004}) {
+    EXPECT_EQ(std::strtod(format_number(value).c_str(), nullptr), value) << format_number(value);
+  }
+  const float third = 1.0f / 3.0f;
+  EXPECT_EQ(std::strtof(format_number(third).c_str(), nullptr), third);
+}
+
+TEST(FormatTest, FormatsSignificantDigitsWithoutExponents) {
+  EXPECT_EQ(format_significant(0.0123456, 4), "0.01235");
+  EXPECT_EQ(format_significant(1.23456, 4), "1.235");
+  EXPECT_EQ(format_significant(15234.7, 4), "15235");
+  EXPECT_EQ(format_significant(9.9996, 4), "10.00");
+  EXPECT_EQ(format_significant(-2.5, 2), "-2.5");
+  EXPECT_EQ(format_significant(0.0, 4), "0");
+  EXPECT_EQ(format_significant(std::numeric_limits<double>::quiet_NaN(), 4), "nan");
+  EXPECT_EQ(format_significant(std::numeric_limits<double>::infinity(), 4), "inf");
+}
+
+TEST(FormatTest, FormatsAFixedNumberOfDecimals) {
+  EXPECT_EQ(format_fixed(2.5, 2), "2.50");
+  EXPECT_EQ(format_fixed(1234.5678, 1), "1234.6");
+  EXPECT_EQ(format_fixed(-0.25, 0), "-0");
+}
+
+} // namespace
+} // namespace dkit
