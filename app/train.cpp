@@ -1,6 +1,6 @@
 #include "commands.h"
+#include "console.h"
 
-#include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/distributed/launch.h>
 #include <dkit/distributed/process_group.h>
@@ -89,25 +89,20 @@ int run_train(Args args) {
              "keys with --set)");
 
   std::string out_dir;
-  std::string checkpoint_path;
-  std::shared_ptr<const TrainingCheckpoint> checkpoint;
+  std::shared_ptr<const ResumePoint> point;
   TrainConfig config;
   if (resume) {
     out_dir = result["resume"].as<std::string>();
     DKIT_CHECK(result.count("out") == 0 || result["out"].as<std::string>() == out_dir,
                "--out and --resume name different folders: a resumed run continues in its own folder");
-    auto found = CheckpointFolder(out_dir).load_newest();
-    DKIT_CHECK(found.has_value(), "cannot resume '", out_dir, "': no readable checkpoint in '",
-               CheckpointFolder(out_dir).path(), "'");
+    point = std::make_shared<const ResumePoint>(resume_run(out_dir, overrides));
     if (main_rank) {
-      for (const auto& reason : found->skipped) {
+      for (const auto& reason : point->skipped) {
         std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << reason << "\n";
       }
-      std::cerr << "dkit: resuming from " << found->path << "\n";
+      std::cerr << "dkit: resuming from " << point->source << "\n";
     }
-    config = parse_config(found->checkpoint.config, "the config saved in " + found->path, out_dir, overrides);
-    checkpoint_path = found->path;
-    checkpoint = std::make_shared<const TrainingCheckpoint>(std::move(found->checkpoint));
+    config = point->config;
   } else {
     config = load_config(result["config"].as<std::string>(), overrides);
     // Only rank 0 writes into the run folder, so only it needs one.
@@ -115,20 +110,20 @@ int run_train(Args args) {
   }
 
   FullTrainConfig full(config);
-  install_stop_handlers();
-  std::shared_ptr<ProcessGroupContext> group;
+  TrainerOptions trainer_options(out_dir);
+  trainer_options.resume(point).process_settings(true).stop(stop_on_signals());
   if (launch) {
-    group = std::make_shared<ProcessGroupContext>(
+    trainer_options.process_group(std::make_shared<ProcessGroupContext>(
         *launch, launch_device(full.device, *launch),
-        ProcessGroupOptions().backend(full.dist_backend).timeout(std::chrono::seconds(full.dist_timeout_seconds)));
+        ProcessGroupOptions().backend(full.dist_backend).timeout(std::chrono::seconds(full.dist_timeout_seconds))));
   }
-  Trainer trainer(std::move(full), TrainerOptions(out_dir)
-                                       .resume(checkpoint)
-                                       .resume_source(checkpoint_path)
-                                       .progress(result.count("no-progress") == 0)
-                                       .console(main_rank)
-                                       .process_group(group));
+  TrainConsole console(/*bar=*/result.count("no-progress") == 0);
+  if (main_rank) {
+    console.attach(trainer_options);
+  }
+  Trainer trainer(std::move(full), std::move(trainer_options));
   const TrainSummary summary = trainer.run();
+  console.finish();
   if (!main_rank) {
     return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
   }

@@ -3,11 +3,9 @@
 #include <dkit/config.h>
 #include <dkit/core/error.h>
 
-#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -26,8 +24,6 @@ namespace dkit {
 namespace {
 
 using detail::concat;
-
-std::atomic<bool> pinned_fallback_logged{false};
 
 void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows, void* target) {
   const auto row_bytes = static_cast<size_t>(source.stride(0)) * source.element_size();
@@ -136,11 +132,6 @@ struct Loader::Impl {
     placement = resolve_placement(options.placement(), device);
     threaded = placement == Placement::kPinned;
     pinned = threaded && device.is_cuda();
-    if (threaded && !pinned && !pinned_fallback_logged.exchange(true)) {
-      spdlog::info("loader: pinned memory needs a CUDA device; batches for {} are assembled by the prefetch thread "
-                   "in reused ordinary host buffers instead",
-                   device.str());
-    }
     if (placement == Placement::kDevice) {
       device_features = to_device(data.features, device);
       device_labels = data.has_labels() ? to_device(data.labels, device) : at::Tensor();

@@ -80,23 +80,6 @@ TEST_F(TableTest, RejectsDuplicateColumnNames) {
             "table 'd' has two columns named 'x'");
 }
 
-TEST_F(TableTest, FormatsSignificantDigitsWithoutExponents) {
-  EXPECT_EQ(format_significant(0.0123456, 4), "0.01235");
-  EXPECT_EQ(format_significant(1.23456, 4), "1.235");
-  EXPECT_EQ(format_significant(15234.7, 4), "15235");
-  EXPECT_EQ(format_significant(9.9996, 4), "10.00");
-  EXPECT_EQ(format_significant(-2.5, 2), "-2.5");
-  EXPECT_EQ(format_significant(0.0, 4), "0");
-  EXPECT_EQ(format_significant(std::numeric_limits<double>::quiet_NaN(), 4), "nan");
-  EXPECT_EQ(format_significant(std::numeric_limits<double>::infinity(), 4), "inf");
-}
-
-TEST_F(TableTest, FormatsAFixedNumberOfDecimals) {
-  EXPECT_EQ(format_fixed(2.5, 2), "2.50");
-  EXPECT_EQ(format_fixed(1234.5678, 1), "1234.6");
-  EXPECT_EQ(format_fixed(-0.25, 0), "-0");
-}
-
 TEST_F(TableTest, QuotesCsvFieldsOnlyWhenNeeded) {
   EXPECT_EQ(csv_field("plain"), "plain");
   EXPECT_EQ(csv_field("say \"hi\", ok"), "\"say \"\"hi\"\", ok\"");

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace dkit {
@@ -19,10 +20,6 @@ namespace fs = std::filesystem;
 
 class TrainerTest : public test::SeedingFixture {
  protected:
-  ~TrainerTest() override {
-    clear_stop_request();
-  }
-
   /// 200 synthetic samples, 160 of them for training: 10 batches of 16 per epoch.
   static FullTrainConfig small(const std::vector<std::string>& overrides = {}) {
     std::vector<std::string> all = {"device=cpu",           "threads=1",          "data.source=synthetic",
@@ -33,10 +30,16 @@ class TrainerTest : public test::SeedingFixture {
     return FullTrainConfig(parse_config("", "test", ".", all));
   }
 
+  /// A run of `config` in `dir` with the process settings applied, continuing `resume` (read from "test").
   static TrainSummary train(const FullTrainConfig& config, const std::string& dir,
-                            std::shared_ptr<const TrainingCheckpoint> resume = nullptr) {
-    return Trainer(config, TrainerOptions(dir).console(false).resume(std::move(resume)).resume_source("test"))
-        .run();
+                            std::optional<TrainingCheckpoint> resume = std::nullopt,
+                            std::shared_ptr<StopRequest> stop = nullptr) {
+    TrainerOptions options(dir);
+    options.process_settings(true).stop(std::move(stop));
+    if (resume) {
+      options.resume(std::make_shared<const ResumePoint>(resume_point(std::move(*resume), "test")));
+    }
+    return Trainer(config, std::move(options)).run();
   }
 
   static StateDict final_weights(const std::string& dir) {
@@ -104,7 +107,7 @@ TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
   EXPECT_EQ(found->checkpoint.epoch, 1);
   EXPECT_EQ(found->checkpoint.epoch_step, 7);
   const TrainSummary rest =
-      train(small(keys), tmp_.file("split"), std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+      train(small(keys), tmp_.file("split"), found->checkpoint);
   EXPECT_EQ(rest.steps, 30);
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
@@ -119,7 +122,7 @@ TEST_F(TrainerTest, ResumeWithTheWrittenOutBackwardAndFusedAdamIsBitwiseExact) {
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->checkpoint.step, 13);
   const TrainSummary rest =
-      train(small(keys), tmp_.file("split"), std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+      train(small(keys), tmp_.file("split"), found->checkpoint);
   EXPECT_EQ(rest.steps, 30);
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
@@ -137,8 +140,9 @@ TEST_F(TrainerTest, DivergingLossStopsWithAClearError) {
 }
 
 TEST_F(TrainerTest, StopRequestFinishesTheStepAndWritesACheckpoint) {
-  request_stop(SIGTERM);
-  const TrainSummary summary = train(small(), tmp_.file("run"));
+  auto stop = std::make_shared<StopRequest>();
+  stop->request(SIGTERM);
+  const TrainSummary summary = train(small(), tmp_.file("run"), std::nullopt, stop);
   EXPECT_EQ(summary.stopped_by_signal, SIGTERM);
   EXPECT_EQ(summary.steps, 1);
   EXPECT_EQ(load_training_checkpoint(tmp_.file("run/checkpoints/last.pt")).step, 1);
@@ -161,7 +165,7 @@ TEST_F(TrainerTest, ResumeOnChangedDataIsRefused) {
   const auto found = CheckpointFolder(tmp_.file("run")).load_newest();
   ASSERT_TRUE(found.has_value());
   const std::string message = error_message([&] {
-    train(config, tmp_.file("run"), std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+    train(config, tmp_.file("run"), found->checkpoint);
   });
   EXPECT_EQ(message.rfind("cannot resume from test: the training data changed since it was written (checksum fnv1a64:", 0),
             0u)
@@ -174,7 +178,7 @@ TEST_F(TrainerTest, ResumeWithAnotherBatchSizeContinuesAtTheSameSample) {
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->checkpoint.world_size, 1);
   const TrainSummary rest = train(small({"train.batch_size=32"}), tmp_.file("run"),
-                                  std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+                                  found->checkpoint);
   EXPECT_EQ(rest.steps, 4 + 3 + 2 * 5) << "64 samples were done: 3 batches of 32 finish epoch 1, then 2 epochs of 5";
   std::ifstream log(tmp_.file("run/train.log"));
   std::stringstream text;
@@ -189,7 +193,7 @@ TEST_F(TrainerTest, ResumeBetweenTwoBatchesOfTheNewSizeIsRefused) {
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(error_message([&] {
               train(small({"train.batch_size=32"}), tmp_.file("run"),
-                    std::make_shared<const TrainingCheckpoint>(found->checkpoint));
+                    found->checkpoint);
             }),
             "cannot resume from test: it stopped after 3 global batches of 16 (1 process(es) x train.batch_size 16) in "
             "epoch 1, 48 samples, which is no whole number of this run's global batches of 32 (1 process(es) x "

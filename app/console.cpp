@@ -1,0 +1,76 @@
+#include "console.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+
+namespace dkit::app {
+namespace {
+
+std::shared_ptr<StopRequest> g_stop;
+
+void on_stop_signal(int signal) {
+  if (g_stop->reason() != 0) {
+    _exit(128 + signal);
+  }
+  g_stop->request(signal);
+}
+
+} // namespace
+
+TrainConsole::TrainConsole(bool bar) : bar_(bar && isatty(STDERR_FILENO) == 1) {}
+
+TrainConsole::~TrainConsole() {
+  finish();
+}
+
+void TrainConsole::finish() {
+  if (bar_ && !last_.empty()) {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    last_.clear();
+  }
+}
+
+TrainerOptions& TrainConsole::attach(TrainerOptions& options) {
+  return options.on_log([this](const LogLine& l) { line(l); })
+      .on_progress([this](const ProgressUpdate& update) { progress(update); });
+}
+
+void TrainConsole::line(const LogLine& line) {
+  if (!bar_) {
+    std::fprintf(stderr, "%s\n", line.text.c_str());
+  } else if (line.headline || line.level == LogLevel::kWarning) {
+    std::fprintf(stderr, "\r\033[K%s\n%s", line.text.c_str(), last_.c_str());
+  }
+  std::fflush(stderr);
+}
+
+void TrainConsole::progress(const ProgressUpdate& update) {
+  if (!bar_) {
+    return;
+  }
+  constexpr int kWidth = 30;
+  const int64_t total = std::max<int64_t>(update.total_steps, 1);
+  const int filled = static_cast<int>(kWidth * std::min(update.step, total) / total);
+  last_ = "[" + std::string(filled, '#') + std::string(kWidth - filled, ' ') + "] " + std::to_string(update.step) +
+          "/" + std::to_string(total) + " " + update.text;
+  std::fprintf(stderr, "\r\033[K%s", last_.c_str());
+  std::fflush(stderr);
+}
+
+std::shared_ptr<StopRequest> stop_on_signals() {
+  if (!g_stop) {
+    g_stop = std::make_shared<StopRequest>();
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+  }
+  return g_stop;
+}
+
+} // namespace dkit::app

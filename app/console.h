@@ -1,0 +1,38 @@
+#pragma once
+
+#include <dkit/train/trainer.h>
+
+#include <memory>
+#include <string>
+
+namespace dkit::app {
+
+/// What `dkit train` shows on standard error while a run trains: a progress bar with the headlines above it when
+/// standard error is a terminal, every log line otherwise.
+class TrainConsole {
+ public:
+  /// A console that draws a bar when `bar` is asked for and standard error is a terminal.
+  explicit TrainConsole(bool bar);
+  /// Clears the bar.
+  ~TrainConsole();
+  TrainConsole(const TrainConsole&) = delete;
+  TrainConsole& operator=(const TrainConsole&) = delete;
+
+  /// Passes the run's lines and progress to this console.
+  TrainerOptions& attach(TrainerOptions& options);
+  /// Clears the bar, before the lines that follow the run.
+  void finish();
+
+ private:
+  void line(const LogLine& line);
+  void progress(const ProgressUpdate& update);
+
+  bool bar_;
+  std::string last_;
+};
+
+/// The StopRequest that SIGINT and SIGTERM make from now on. A second signal of the same kind ends the process at
+/// once with the conventional status (128 + signal).
+std::shared_ptr<StopRequest> stop_on_signals();
+
+} // namespace dkit::app

@@ -1,0 +1,73 @@
+#pragma once
+
+#include <dkit/train/trainer.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace spdlog {
+class logger;
+} // namespace spdlog
+
+namespace dkit::detail {
+
+/// A training run's folder and the files in it besides the checkpoints: `train.log`, `config.yaml`, `metrics.csv`
+/// and `summary.json`. Only the process that writes the run (rank 0) touches the disk; on other ranks every write
+/// is dropped.
+class RunFolder {
+ public:
+  /// The run in `out_dir`. With `writes`, the folder and its `checkpoints/` are created (the parent must exist)
+  /// and probed for writing, and `train.log` is opened for appending; an error names the folder at fault.
+  RunFolder(const std::string& out_dir, bool writes, std::function<void(const LogLine&)> on_log);
+  ~RunFolder();
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+
+  /// The folder, absolute.
+  const std::filesystem::path& path() const {
+    return path_;
+  }
+  /// Whether this process writes the run.
+  bool writes() const {
+    return writes_;
+  }
+
+  /// Writes a line to `train.log`; passes it on to the log callback once echo() was called, or at once when it is a
+  /// warning.
+  void log(LogLevel level, const std::string& text, bool headline = false);
+  /// From now on every line goes to the log callback too.
+  void echo() {
+    echo_ = true;
+  }
+  /// Writes an error to `train.log` only: the caller reports it.
+  void log_error(const std::string& text);
+
+  /// Writes `config.yaml`.
+  void write_config(const std::string& yaml);
+  /// Opens `metrics.csv`; `append` continues an existing file (a resumed run), else it starts afresh with the
+  /// header row.
+  void open_metrics(bool append);
+  /// A training row of `metrics.csv`.
+  void add_train_row(int64_t step, int64_t epoch, double loss, double accuracy, double lr, double rate);
+  /// A validation row of `metrics.csv`, flushed at once.
+  void add_val_row(int64_t step, int64_t epoch, double val_loss, double val_accuracy);
+  /// Writes `summary.json`.
+  void write_summary(const TrainSummary& summary);
+
+ private:
+  std::filesystem::path path_;
+  bool writes_;
+  bool echo_ = false;
+  std::function<void(const LogLine&)> on_log_;
+  std::shared_ptr<spdlog::logger> file_;
+  std::ofstream metrics_;
+};
+
+/// `samples_per_second` for people: `812.5`, `310.2k`, `1.2M`.
+std::string format_rate(double samples_per_second);
+
+} // namespace dkit::detail

@@ -1,0 +1,69 @@
+#include <dkit/train/detail/training_data.h>
+
+#include <c10/util/Exception.h>
+
+#include <iomanip>
+#include <sstream>
+
+namespace dkit::detail {
+namespace {
+
+Dataset load_data(const FullTrainConfig& c) {
+  switch (c.data_source) {
+    case DataSource::kCsv: return read_csv(c.data_path, CsvOptions().label_column(c.label_column));
+    case DataSource::kMnist: return read_mnist(c.data_path, /*train=*/true);
+    case DataSource::kSynthetic:
+      return make_synthetic(SyntheticOptions(c.synthetic_samples, c.synthetic_features, c.synthetic_classes)
+                                .seed(static_cast<uint64_t>(c.seed)));
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled DataSource ", static_cast<int>(c.data_source));
+}
+
+} // namespace
+
+TrainingData::TrainingData(const FullTrainConfig& config, const Device& device, int64_t rank, int64_t world_size) {
+  const Dataset all = load_data(config);
+  description = all.description;
+  checksum = data_checksum(all);
+  DatasetSplit parts = split(all, config.val_fraction, static_cast<uint64_t>(config.seed));
+  normalization = fit_normalization(parts.train.features, parse_scaling(config.scaling));
+  const Dataset train = normalization.apply(parts.train);
+  train_size = train.size();
+  val_size = parts.val.size();
+  in_features = train.num_features();
+  num_classes = all.num_classes;
+  if (val_size > 0) {
+    const int64_t begin = val_size * rank / world_size;
+    const int64_t end = val_size * (rank + 1) / world_size;
+    val_features = normalization.apply(parts.val.features).narrow(0, begin, end - begin).to(device);
+    val_labels = parts.val.labels.narrow(0, begin, end - begin).to(device);
+  }
+  loader.emplace(train, device,
+                 LoaderOptions(config.batch_size)
+                     .shuffle(config.shuffle)
+                     .drop_last(config.drop_last)
+                     .placement(parse_placement(config.placement))
+                     .prefetch(config.prefetch)
+                     .seed(static_cast<uint64_t>(config.seed))
+                     .rank(rank)
+                     .world_size(world_size));
+}
+
+std::string data_checksum(const Dataset& data) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  auto mix = [&hash](const at::Tensor& tensor) {
+    const at::Tensor bytes = tensor.contiguous();
+    const auto* p = static_cast<const unsigned char*>(bytes.data_ptr());
+    const size_t n = bytes.numel() * bytes.element_size();
+    for (size_t i = 0; i < n; ++i) {
+      hash = (hash ^ p[i]) * 0x100000001b3ULL;
+    }
+  };
+  mix(data.features);
+  mix(data.labels);
+  std::ostringstream out;
+  out << "fnv1a64:" << std::hex << std::setw(16) << std::setfill('0') << hash;
+  return out.str();
+}
+
+} // namespace dkit::detail

@@ -1,0 +1,28 @@
+#include <dkit/train/trainer.h>
+
+#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/error.h>
+
+namespace dkit {
+
+ResumePoint resume_point(TrainingCheckpoint checkpoint, const std::string& source,
+                         const std::vector<std::string>& overrides, const std::string& base_dir) {
+  ResumePoint point;
+  const std::string origin = "the config saved in " + source;
+  point.saved_batch_size = FullTrainConfig(parse_config(checkpoint.config, origin, base_dir)).batch_size;
+  point.config = parse_config(checkpoint.config, origin, base_dir, overrides);
+  point.source = source;
+  point.checkpoint = std::make_shared<const TrainingCheckpoint>(std::move(checkpoint));
+  return point;
+}
+
+ResumePoint resume_run(const std::string& run_dir, const std::vector<std::string>& overrides) {
+  const CheckpointFolder folder(run_dir);
+  auto found = folder.load_newest();
+  DKIT_CHECK(found.has_value(), "cannot resume '", run_dir, "': no readable checkpoint in '", folder.path(), "'");
+  ResumePoint point = resume_point(std::move(found->checkpoint), found->path, overrides, run_dir);
+  point.skipped = std::move(found->skipped);
+  return point;
+}
+
+} // namespace dkit
