@@ -19,7 +19,7 @@
 #include <dkit/distributed/launch.h>
 #include <dkit/distributed/process_group.h>
 #include <dkit/device/report.h>
-#include <dkit/metrics/host_sync.h>
+#include <dkit/device/host_sync.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
 #include <dkit/train/config.h>

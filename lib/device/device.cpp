@@ -1,5 +1,6 @@
 #include <dkit/device/device.h>
 
+#include <dkit/config.h>
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
 #include <dkit/device/report.h>
@@ -236,6 +237,19 @@ void reset_peak_memory_stats(const Device& device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(target.index());
   }
 #endif
+}
+
+bool data_parallel_available() {
+  return DKIT_WITH_DATA_PARALLEL == 1;
+}
+
+std::string data_parallel_unavailable_reason() {
+  if (data_parallel_available()) {
+    return "";
+  }
+  return std::string("this dkit was built against LibTorch ") + TORCH_VERSION +
+         (DKIT_WITH_CUDA ? " with CUDA but without torch/nn/parallel/data_parallel.h"
+                         : " without CUDA, which cannot compile torch::nn::parallel::data_parallel");
 }
 
 } // namespace dkit

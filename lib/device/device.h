@@ -103,4 +103,12 @@ MemoryStats memory_stats(const Device& device);
 /// Starts peak tracking afresh on a CUDA device; a no-op on the CPU.
 void reset_peak_memory_stats(const Device& device);
 
+/// Whether this build can run one process on several GPUs with LibTorch's `torch::nn::parallel::data_parallel`:
+/// builds against a CUDA LibTorch. A CPU-only LibTorch cannot compile it (its header needs CUDA's) nor link it
+/// (its Scatter and Gather functions live in libtorch_cuda).
+bool data_parallel_available();
+
+/// Why data_parallel_available() is false, for error messages and `dkit devices`; empty when it is true.
+std::string data_parallel_unavailable_reason();
+
 } // namespace dkit

@@ -3,7 +3,6 @@
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
 #include <dkit/core/json.h>
-#include <dkit/distributed/data_parallel.h>
 
 #include <torch/torch.h>
 

@@ -10,14 +10,6 @@
 
 namespace dkit {
 
-/// Whether this build can run one process on several GPUs with LibTorch's `torch::nn::parallel::data_parallel`:
-/// builds against a CUDA LibTorch. A CPU-only LibTorch cannot compile it (its header needs CUDA's) nor link it
-/// (its Scatter and Gather functions live in libtorch_cuda).
-bool data_parallel_available();
-
-/// Why data_parallel_available() is false, for error messages and `dkit devices`; empty when it is true.
-std::string data_parallel_unavailable_reason();
-
 /// `model` applied to `input` as `torch::nn::parallel::data_parallel` does it: the rows of `input` are scattered
 /// over `devices`, the model is replicated on each, the outputs are gathered on `devices[0]` (where the model
 /// lives), and backward sums the replicas' gradients into the model's parameters. A build without the capability

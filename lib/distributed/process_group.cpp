@@ -3,7 +3,7 @@
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
-#include <dkit/metrics/host_sync.h>
+#include <dkit/device/host_sync.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

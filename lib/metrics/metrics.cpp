@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 
 #if DKIT_WITH_CUDA
@@ -14,9 +13,6 @@
 
 namespace dkit {
 namespace {
-
-
-std::atomic<int64_t> host_syncs{0};
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -46,14 +42,6 @@ at::Tensor zeros_on(const Device& device, at::ScalarType dtype) {
 }
 
 } // namespace
-
-int64_t host_sync_count() {
-  return host_syncs.load(std::memory_order_relaxed);
-}
-
-void note_host_sync() {
-  host_syncs.fetch_add(1, std::memory_order_relaxed);
-}
 
 int64_t MetricRows::rows() const {
   return values.defined() ? values.size(0) : 0;

@@ -2,7 +2,7 @@
 
 #include <dkit/config.h>
 #include <dkit/device/device.h>
-#include <dkit/metrics/host_sync.h>
+#include <dkit/device/host_sync.h>
 
 #include <ATen/core/Tensor.h>
 

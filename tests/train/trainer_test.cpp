@@ -2,7 +2,7 @@
 
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/distributed/data_parallel.h>
-#include <dkit/metrics/host_sync.h>
+#include <dkit/device/host_sync.h>
 
 #include "../support.h"
 

@@ -2,7 +2,7 @@
 
 #include <dkit/core/error.h>
 #include <dkit/distributed/process_group.h>
-#include <dkit/metrics/host_sync.h>
+#include <dkit/device/host_sync.h>
 
 #include <torch/nn/module.h>
 #include <torch/torch.h>

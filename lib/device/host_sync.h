@@ -11,7 +11,8 @@ namespace dkit {
 /// GPU. Thread-safe.
 int64_t host_sync_count();
 
-/// Counts one host read of device values in host_sync_count().
+/// Counts one host read of device values in host_sync_count(): for code outside dkit that reads device values
+/// (a benchmark, a meter of its own) and wants them in the same tally.
 void note_host_sync();
 
 } // namespace dkit
