@@ -527,15 +527,6 @@ std::string to_yaml(const FullTrainConfig& c) {
   return std::string(out.c_str()) + "\n";
 }
 
-const char* to_string(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(kind));
-}
-
 const char* to_string(DataSource source) {
   switch (source) {
     case DataSource::kCsv: return "csv";

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <dkit/checkpoint/optimizer_kind.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -7,16 +9,6 @@
 #include <vector>
 
 namespace dkit {
-
-/// The optimizers `train.optimizer` names.
-enum class OptimizerKind {
-  /// `torch::optim::SGD` with `train.momentum` and `train.weight_decay`.
-  kSgd,
-  /// `torch::optim::Adam` with `train.weight_decay` as L2 penalty.
-  kAdam,
-  /// `torch::optim::AdamW` with decoupled `train.weight_decay`.
-  kAdamW,
-};
 
 /// Where `data.source` reads samples from.
 enum class DataSource {
@@ -221,9 +213,6 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 
 /// The resolved configuration as YAML that parse_config() reads back to the same values.
 std::string to_yaml(const FullTrainConfig& config);
-
-/// `kind` as `train.optimizer` spells it.
-const char* to_string(OptimizerKind kind);
 
 /// `source` as `data.source` spells it.
 const char* to_string(DataSource source);
