@@ -279,7 +279,7 @@ struct Trainer::Impl {
     data_description = all.description;
     log->info("data: {} ({})", all.description, checksum);
     DatasetSplit parts = split(all, config.val_fraction, static_cast<uint64_t>(config.seed));
-    normalization = fit_normalization(parts.train.features, parse_scaling(config.scaling));
+    normalization = fit_normalization(parts.train.features, config.scaling);
     const Dataset train = normalization.apply(parts.train);
     in_features = train.num_features();
     num_classes = all.num_classes;
@@ -301,7 +301,7 @@ struct Trainer::Impl {
                    LoaderOptions(config.batch_size)
                        .shuffle(config.shuffle)
                        .drop_last(config.drop_last)
-                       .placement(parse_placement(config.placement))
+                       .placement(config.placement)
                        .prefetch(config.prefetch)
                        .seed(static_cast<uint64_t>(config.seed))
                        .rank(rank)
@@ -320,7 +320,7 @@ struct Trainer::Impl {
 
   void setup_model() {
     model = Mlp(MlpOptions(in_features, config.hidden, num_classes)
-                    .activation(parse_activation(config.activation))
+                    .activation(config.activation)
                     .dropout(config.dropout));
     place_module(model, device);
     optimizer = make_optimizer(config, model->parameters());
