@@ -200,10 +200,9 @@ int run_predict(Args args) {
                         cxxopts::value<std::string>())("input", "the CSV file of samples", cxxopts::value<std::string>())(
       "output", "write the logits to this CSV file instead of stdout", cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
-      "activation", "relu, gelu or tanh, for state dicts, which do not record it (a dkit checkpoint does)",
-      cxxopts::value<std::string>()->default_value("relu"))("limit", kLimitHelp,
-                                                            cxxopts::value<std::vector<std::string>>())(
-      "h,help", "show this help");
+      "activation", list_names(kActivationNames) + ", for state dicts, which do not record it (a dkit checkpoint does)",
+      cxxopts::value<std::string>()->default_value(to_string(Activation::kReLU)))(
+      "limit", kLimitHelp, cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
     std::cout << options.help();

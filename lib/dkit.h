@@ -6,10 +6,12 @@
 #include <dkit/bench/table.h>
 #include <dkit/bench/timing.h>
 #include <dkit/config.h>
+#include <dkit/checkpoint/optimizer_kind.h>
 #include <dkit/checkpoint/pickle.h>
 #include <dkit/checkpoint/state_dict.h>
 #include <dkit/checkpoint/torch_file.h>
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/enum_names.h>
 #include <dkit/core/error.h>
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>

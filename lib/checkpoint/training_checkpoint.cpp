@@ -1,5 +1,6 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 
+#include <dkit/checkpoint/optimizer_kind.h>
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
 #include <dkit/device/device.h>
@@ -33,11 +34,9 @@ using torch::optim::SGD;
 using torch::optim::SGDOptions;
 using torch::optim::SGDParamState;
 
-enum class OptimizerKind { kSGD, kAdam, kAdamW };
-
 OptimizerKind optimizer_kind(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const SGD*>(&optimizer) != nullptr) {
-    return OptimizerKind::kSGD;
+    return OptimizerKind::kSgd;
   }
   if (dynamic_cast<const Adam*>(&optimizer) != nullptr) {
     return OptimizerKind::kAdam;
@@ -46,15 +45,6 @@ OptimizerKind optimizer_kind(const torch::optim::Optimizer& optimizer) {
     return OptimizerKind::kAdamW;
   }
   throw Error("optimizer state can be saved and restored for torch::optim::SGD, Adam and AdamW only");
-}
-
-const char* kind_name(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSGD: return "SGD";
-    case OptimizerKind::kAdam: return "Adam";
-    case OptimizerKind::kAdamW: return "AdamW";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind");
 }
 
 template <typename Map>
@@ -137,7 +127,7 @@ PickleValue float_list(std::initializer_list<double> values) {
 
 PickleValue group_options(OptimizerKind kind, const torch::optim::OptimizerOptions& options) {
   PickleValue group = PickleValue::dict();
-  if (kind == OptimizerKind::kSGD) {
+  if (kind == OptimizerKind::kSgd) {
     const auto& o = static_cast<const SGDOptions&>(options);
     group.set("lr", o.lr());
     group.set("momentum", o.momentum());
@@ -179,7 +169,7 @@ at::Tensor step_tensor(int64_t step) {
 
 PickleValue param_state(OptimizerKind kind, const torch::optim::OptimizerParamState& state) {
   PickleValue entry = PickleValue::dict();
-  if (kind == OptimizerKind::kSGD) {
+  if (kind == OptimizerKind::kSgd) {
     entry.set("momentum_buffer", static_cast<const SGDParamState&>(state).momentum_buffer());
     return entry;
   }
@@ -228,7 +218,7 @@ int64_t adam_step(const Fields& fields) {
 
 std::unique_ptr<torch::optim::OptimizerParamState> read_param_state(OptimizerKind kind, const Fields& fields,
                                                                     const at::Tensor& param) {
-  if (kind == OptimizerKind::kSGD) {
+  if (kind == OptimizerKind::kSgd) {
     at::Tensor buffer = state_tensor(fields, "momentum_buffer", param, /*optional=*/true);
     if (!buffer.defined()) {
       return nullptr;
@@ -253,8 +243,8 @@ std::unique_ptr<torch::optim::OptimizerParamState> read_param_state(OptimizerKin
 std::unique_ptr<torch::optim::OptimizerOptions> read_group_options(OptimizerKind kind, const Fields& fields,
                                                                    const torch::optim::OptimizerOptions& current) {
   DKIT_CHECK(!fields.flag("maximize", false), fields.where(), ": maximize=True, which LibTorch's ",
-             kind_name(kind), " does not support");
-  if (kind == OptimizerKind::kSGD) {
+             name_of(kOptimizerClassNames, kind), " does not support");
+  if (kind == OptimizerKind::kSgd) {
     DKIT_CHECK(fields.find("momentum") != nullptr, fields.where(),
                " has no 'momentum': the optimizer state is not for SGD");
     auto options = std::make_unique<SGDOptions>(static_cast<const SGDOptions&>(current));
@@ -266,7 +256,7 @@ std::unique_ptr<torch::optim::OptimizerOptions> read_group_options(OptimizerKind
     return options;
   }
   DKIT_CHECK(fields.find("betas") != nullptr, fields.where(), " has no 'betas': the optimizer state is not for ",
-             kind_name(kind));
+             name_of(kOptimizerClassNames, kind));
   const PickleValue& betas = fields.get("betas");
   DKIT_CHECK((betas.is_tuple() || betas.is_list()) && betas.items().size() == 2 &&
                  (betas.items()[0].is_double() || betas.items()[0].is_int()) &&
@@ -287,8 +277,8 @@ std::unique_ptr<torch::optim::OptimizerOptions> read_group_options(OptimizerKind
 }
 
 void check_activation(const std::string& name, const std::string& where) {
-  DKIT_CHECK(name == "relu" || name == "gelu" || name == "tanh", where, ": unknown activation '", name,
-             "': expected relu, gelu or tanh");
+  DKIT_CHECK(try_parse(kActivationNames, name).has_value(), where, ": unknown activation '", name,
+             "': expected ", list_names(kActivationNames));
 }
 
 int64_t step_of(const fs::path& file) {

@@ -460,25 +460,11 @@ DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed) {
 }
 
 Scaling parse_scaling(std::string_view name) {
-  if (name == "none") {
-    return Scaling::kNone;
-  }
-  if (name == "standardize") {
-    return Scaling::kStandardize;
-  }
-  if (name == "minmax") {
-    return Scaling::kMinMax;
-  }
-  throw Error(concat("unknown scaling '", name, "': expected none, standardize or minmax"));
+  return parse_name(kScalingNames, name, "scaling");
 }
 
 std::string to_string(Scaling scaling) {
-  switch (scaling) {
-    case Scaling::kNone: return "none";
-    case Scaling::kStandardize: return "standardize";
-    case Scaling::kMinMax: return "minmax";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled Scaling ", static_cast<int>(scaling));
+  return std::string(name_of(kScalingNames, scaling));
 }
 
 bool Normalization::defined() const {

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <dkit/core/enum_names.h>
+
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
@@ -99,7 +101,14 @@ enum class Scaling {
   kMinMax,
 };
 
-/// Reads `none`, `standardize` or `minmax`; anything else is an error naming the accepted values.
+/// The name of each Scaling, as `data.scaling` spells it.
+inline constexpr EnumNames<Scaling, 3> kScalingNames = {{
+    {Scaling::kNone, "none"},
+    {Scaling::kStandardize, "standardize"},
+    {Scaling::kMinMax, "minmax"},
+}};
+
+/// Reads a name of kScalingNames; anything else is an error naming the accepted values.
 Scaling parse_scaling(std::string_view name);
 
 /// The lower-case name parse_scaling() reads back.

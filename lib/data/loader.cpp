@@ -46,29 +46,11 @@ Device with_index(const Device& device) {
 } // namespace
 
 Placement parse_placement(std::string_view name) {
-  if (name == "auto") {
-    return Placement::kAuto;
-  }
-  if (name == "device") {
-    return Placement::kDevice;
-  }
-  if (name == "pinned") {
-    return Placement::kPinned;
-  }
-  if (name == "pageable") {
-    return Placement::kPageable;
-  }
-  throw Error(concat("unknown placement '", name, "': expected auto, device, pinned or pageable"));
+  return parse_name(kPlacementNames, name, "placement");
 }
 
 std::string to_string(Placement placement) {
-  switch (placement) {
-    case Placement::kAuto: return "auto";
-    case Placement::kDevice: return "device";
-    case Placement::kPinned: return "pinned";
-    case Placement::kPageable: return "pageable";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled Placement ", static_cast<int>(placement));
+  return std::string(name_of(kPlacementNames, placement));
 }
 
 Placement resolve_placement(Placement requested, const Device& device) {

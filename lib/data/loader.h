@@ -1,5 +1,6 @@
 #pragma once
 
+#include <dkit/core/enum_names.h>
 #include <dkit/data/dataset.h>
 #include <dkit/device/device.h>
 
@@ -32,7 +33,15 @@ enum class Placement {
   kPageable,
 };
 
-/// Reads `auto`, `device`, `pinned` or `pageable`; anything else is an error naming the accepted values.
+/// The name of each Placement, as `loader.placement` spells it.
+inline constexpr EnumNames<Placement, 4> kPlacementNames = {{
+    {Placement::kAuto, "auto"},
+    {Placement::kDevice, "device"},
+    {Placement::kPinned, "pinned"},
+    {Placement::kPageable, "pageable"},
+}};
+
+/// Reads a name of kPlacementNames; anything else is an error naming the accepted values.
 Placement parse_placement(std::string_view name);
 
 /// The lower-case name parse_placement() reads back.

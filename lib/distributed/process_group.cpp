@@ -96,36 +96,44 @@ std::string key(const char* kind, int64_t rank) {
 } // namespace
 
 bool backend_available(std::string_view backend) {
-  if (backend == "gloo") {
-    return DKIT_WITH_GLOO == 1;
+  const std::optional<Backend> parsed = try_parse(kBackendNames, backend);
+  if (!parsed) {
+    return false;
   }
-  if (backend == "nccl") {
-    return DKIT_WITH_NCCL == 1;
+  switch (*parsed) {
+    case Backend::kGloo: return DKIT_WITH_GLOO == 1;
+    case Backend::kNccl: return DKIT_WITH_NCCL == 1;
+    case Backend::kAuto: return DKIT_WITH_GLOO == 1 || DKIT_WITH_NCCL == 1;
   }
-  return backend == "auto" && (DKIT_WITH_GLOO == 1 || DKIT_WITH_NCCL == 1);
+  return false;
 }
 
-std::string resolve_backend(std::string_view backend, const Device& device) {
+Backend resolve_backend(Backend backend, const Device& device) {
   const std::string build = std::string("this dkit was built against LibTorch ") + TORCH_VERSION +
                             (DKIT_WITH_CUDA ? " with CUDA" : " without CUDA") + ", which has " +
                             (DKIT_WITH_GLOO && DKIT_WITH_NCCL ? "Gloo and NCCL"
                              : DKIT_WITH_GLOO                 ? "Gloo only"
                              : DKIT_WITH_NCCL                 ? "NCCL only"
                                                               : "no c10d backend");
-  std::string chosen(backend);
-  if (backend == "auto") {
-    chosen = device.is_cuda() && DKIT_WITH_NCCL ? "nccl" : "gloo";
+  Backend chosen = backend;
+  if (backend == Backend::kAuto) {
+    chosen = device.is_cuda() && DKIT_WITH_NCCL ? Backend::kNccl : Backend::kGloo;
   }
-  DKIT_CHECK(chosen == "gloo" || chosen == "nccl", "dist.backend '", backend, "' is not one of auto, gloo, nccl");
-  if (chosen == "nccl") {
+  if (chosen == Backend::kNccl) {
     DKIT_CHECK(DKIT_WITH_NCCL, "dist.backend 'nccl' is not available: ", build,
                " (see `dkit devices`); use dist.backend: gloo or auto");
     DKIT_CHECK(device.is_cuda(), "dist.backend 'nccl' needs a GPU, but this rank trains on ", device.str(),
                "; use dist.backend: gloo or auto on the CPU");
   }
-  DKIT_CHECK(chosen != "gloo" || DKIT_WITH_GLOO, "dist.backend '", backend,
+  DKIT_CHECK(chosen != Backend::kGloo || DKIT_WITH_GLOO, "dist.backend '", name_of(kBackendNames, backend),
              "' needs c10d's Gloo backend, which is not available: ", build, " (see `dkit devices`)");
   return chosen;
+}
+
+std::string resolve_backend(std::string_view backend, const Device& device) {
+  const std::optional<Backend> parsed = try_parse(kBackendNames, backend);
+  DKIT_CHECK(parsed.has_value(), "dist.backend '", backend, "' is not one of ", list_names(kBackendNames, ", "));
+  return std::string(name_of(kBackendNames, resolve_backend(*parsed, device)));
 }
 
 struct PendingCollective::Impl {
@@ -333,7 +341,7 @@ ProcessGroupContext::ProcessGroupContext(const LaunchEnvironment& launch, const 
                                          ProcessGroupOptions options)
     : impl_(std::make_unique<Impl>(launch, device, std::move(options))) {
   Impl& s = *impl_;
-  s.backend = resolve_backend(s.options.backend(), device);
+  s.backend = name_of(kBackendNames, resolve_backend(s.options.backend(), device));
   s.master_ip = resolve_host(launch.master_addr, "MASTER_ADDR");
   s.rendezvous = s.master_ip + ":" + std::to_string(launch.master_port);
   s.join();

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <dkit/core/enum_names.h>
 #include <dkit/distributed/launch.h>
 
 #include <ATen/core/Tensor.h>
@@ -14,17 +15,38 @@
 
 namespace dkit {
 
+/// The c10d backend a multi-process run communicates through (`dist.backend`).
+enum class Backend {
+  /// kNccl on a GPU when this build has NCCL, kGloo otherwise (see resolve_backend()).
+  kAuto,
+  /// `c10d::ProcessGroupGloo`: CPU tensors (and CUDA tensors through host copies).
+  kGloo,
+  /// `c10d::ProcessGroupNCCL`: CUDA tensors.
+  kNccl,
+};
+
+/// The name of each Backend, as `dist.backend` spells it.
+inline constexpr EnumNames<Backend, 3> kBackendNames = {{
+    {Backend::kAuto, "auto"},
+    {Backend::kGloo, "gloo"},
+    {Backend::kNccl, "nccl"},
+}};
+
 /// Whether this dkit can use a c10d backend: `gloo` (CPU), `nccl` (CUDA) or `auto`; false for any other name.
 bool backend_available(std::string_view backend);
 
-/// The backend `dist.backend` means on `device`: `auto` is `nccl` on a GPU when this build has NCCL, `gloo`
+/// The backend `dist.backend` means on `device`: kAuto is kNccl on a GPU when this build has NCCL, kGloo
 /// otherwise. A backend this build lacks, or NCCL on the CPU, is a dkit::Error saying what to use instead.
+Backend resolve_backend(Backend backend, const Device& device);
+
+/// resolve_backend() of a backend's name, returning the name of the backend chosen; a name not in kBackendNames
+/// is a dkit::Error listing them.
 std::string resolve_backend(std::string_view backend, const Device& device);
 
 /// How a ProcessGroupContext is set up.
 struct ProcessGroupOptions {
-  /// `auto`, `gloo` or `nccl` (see resolve_backend()).
-  TORCH_ARG(std::string, backend) = "auto";
+  /// The backend to use (see resolve_backend()).
+  TORCH_ARG(Backend, backend) = Backend::kAuto;
   /// How long the rendezvous waits for every rank, and a collective for a lost one, before failing.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(60);
   /// How often each rank proves it is alive through the rendezvous store; a rank whose count has not moved for

@@ -8,25 +8,11 @@
 namespace dkit {
 
 Activation parse_activation(std::string_view name) {
-  if (name == "relu") {
-    return Activation::kReLU;
-  }
-  if (name == "gelu") {
-    return Activation::kGELU;
-  }
-  if (name == "tanh") {
-    return Activation::kTanh;
-  }
-  throw Error(detail::concat("unknown activation '", name, "': expected relu, gelu or tanh"));
+  return parse_name(kActivationNames, name, "activation");
 }
 
 std::string to_string(Activation activation) {
-  switch (activation) {
-    case Activation::kReLU: return "relu";
-    case Activation::kGELU: return "gelu";
-    case Activation::kTanh: return "tanh";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled Activation value ", static_cast<int>(activation));
+  return std::string(name_of(kActivationNames, activation));
 }
 
 MlpOptions::MlpOptions(int64_t in_features, std::vector<int64_t> hidden, int64_t out_features)

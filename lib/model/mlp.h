@@ -1,5 +1,7 @@
 #pragma once
 
+#include <dkit/core/enum_names.h>
+
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/linear.h>
@@ -22,7 +24,14 @@ enum class Activation {
   kTanh,
 };
 
-/// Reads `relu`, `gelu` or `tanh`; anything else is an error naming the accepted values.
+/// The name of each Activation, as `model.activation`, checkpoints and `dkit predict --activation` spell it.
+inline constexpr EnumNames<Activation, 3> kActivationNames = {{
+    {Activation::kReLU, "relu"},
+    {Activation::kGELU, "gelu"},
+    {Activation::kTanh, "tanh"},
+}};
+
+/// Reads a name of kActivationNames; anything else is an error naming the accepted values.
 Activation parse_activation(std::string_view name);
 
 /// The lower-case name parse_activation() reads back.

@@ -2,18 +2,25 @@
 
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
+#include <dkit/data/dataset.h>
+#include <dkit/data/loader.h>
 #include <dkit/device/device.h>
+#include <dkit/distributed/process_group.h>
+#include <dkit/model/mlp.h>
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <set>
+#include <optional>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 namespace dkit {
 namespace {
@@ -25,13 +32,6 @@ struct Where {
   bool from_set = false;
   std::string base_dir;
 };
-
-struct KeySpec {
-  ConfigKey doc;
-  std::function<void(TrainConfig&, const YAML::Node&, const Where&)> read;
-};
-
-const char* const kSections[] = {"data", "model", "train", "loader", "dist"};
 
 std::string describe(const YAML::Node& node) {
   if (node.IsSequence()) {
@@ -129,97 +129,306 @@ std::string read_path(const std::string& key, const YAML::Node& node, const Wher
   return (base / path).lexically_normal().string();
 }
 
-template <typename T, typename Field, typename Reader>
-KeySpec key(const char* name, const char* type, const char* default_value, const char* meaning, Field field,
-            Reader reader) {
-  return {{name, type, default_value, meaning},
-          [field, reader, name](TrainConfig& config, const YAML::Node& node, const Where& where) {
-            field(config) = T(reader(name, node, where));
-          }};
+const std::string& given(const TrainConfig& config, const std::string& name) {
+  static const std::string kDefault = "default";
+  const auto found = config.origins.find(name);
+  return found == config.origins.end() ? kDefault : found->second;
 }
 
-#define DKIT_FIELD(member) [](TrainConfig& c) -> auto& { return c.member; }
+std::string leaf(const std::string& name) {
+  return name.substr(name.rfind('.') + 1);
+}
 
+// How a key of type T is read and written back, and its type as the README shows it.
+template <typename T>
+struct Type;
+
+template <>
+struct Type<int64_t> {
+  static constexpr const char* kName = "int";
+  static constexpr auto read = read_int;
+  static void write(YAML::Emitter& out, int64_t value) {
+    out << value;
+  }
+};
+
+template <>
+struct Type<double> {
+  static constexpr const char* kName = "float";
+  static constexpr auto read = read_double;
+  static void write(YAML::Emitter& out, double value) {
+    out << format_number(value);
+  }
+};
+
+template <>
+struct Type<bool> {
+  static constexpr const char* kName = "bool";
+  static constexpr auto read = read_bool;
+  static void write(YAML::Emitter& out, bool value) {
+    out << value;
+  }
+};
+
+template <>
+struct Type<std::string> {
+  static constexpr const char* kName = "string";
+  static constexpr auto read = read_string;
+  static void write(YAML::Emitter& out, const std::string& value) {
+    out << value;
+  }
+};
+
+template <>
+struct Type<std::vector<int64_t>> {
+  static constexpr const char* kName = "list of int";
+  static constexpr auto read = read_int_list;
+  static void write(YAML::Emitter& out, const std::vector<int64_t>& values) {
+    out << YAML::Flow << values;
+  }
+};
+
+// A default as the README shows it: what to_yaml() writes, a whole float without its `.0` (`0`, `0.001`).
+template <typename T>
+std::string default_text(const T& value) {
+  YAML::Emitter out;
+  Type<T>::write(out, value);
+  std::string text = out.c_str();
+  if (std::is_same_v<T, double> && text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) {
+    text.resize(text.size() - 2);
+  }
+  return text;
+}
+
+template <typename T>
+struct ElementOf {
+  using type = T;
+};
+
+template <typename T>
+struct ElementOf<std::vector<T>> {
+  using type = T;
+};
+
+// What a value (each item of a list) must satisfy, and how the error says it: "must be <text>, got <value>".
+template <typename T>
+struct Requirement {
+  std::function<bool(const typename ElementOf<T>::type&)> ok;
+  const char* text = "";
+};
+
+template <typename T>
+[[noreturn]] void requirement_error(const TrainConfig& config, const std::string& name, const T& value,
+                                    const char* requirement) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    throw Error(detail::concat("config key '", name, "' (", given(config, name), ") must be ", requirement,
+                               ", got '", value, "'"));
+  } else {
+    throw Error(detail::concat("config key '", name, "' (", given(config, name), ") must be ", requirement,
+                               ", got ", value));
+  }
+}
+
+template <typename T>
+void check(const TrainConfig& config, const std::string& name, const T& value, const Requirement<T>& requirement) {
+  if (!requirement.ok) {
+    return;
+  }
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    for (const int64_t item : value) {
+      if (!requirement.ok(item)) {
+        requirement_error(config, name, item, requirement.text);
+      }
+    }
+  } else if (!requirement.ok(value)) {
+    requirement_error(config, name, value, requirement.text);
+  }
+}
+
+// One configuration key: its doc, how parse_config() reads it into TrainConfig, how FullTrainConfig fills in its
+// default, checks it and stores it, and how to_yaml() writes it back.
+struct KeySpec {
+  ConfigKey doc;
+  std::function<ConfigValue(const YAML::Node&, const Where&)> read;
+  std::function<void(const TrainConfig&, FullTrainConfig&)> resolve;
+  std::function<void(const FullTrainConfig&, YAML::Emitter&)> write;
+};
+
+// The value of `name` in `config.values` as a T, or nullptr when the key was not given.
+template <typename T>
+const T* written(const TrainConfig& config, const std::string& name, const char* type) {
+  const auto found = config.values.find(name);
+  if (found == config.values.end()) {
+    return nullptr;
+  }
+  const T* value = std::get_if<T>(&found->second);
+  DKIT_CHECK(value != nullptr, "config key '", name, "' (", given(config, name), ") holds another type than ", type);
+  return value;
+}
+
+template <typename T>
+KeySpec value_key(const char* name, T FullTrainConfig::*member, T fallback, const char* meaning,
+                  Requirement<T> requirement = {}) {
+  KeySpec spec;
+  spec.doc = {name, Type<T>::kName, default_text(fallback), meaning, {}};
+  spec.read = [name](const YAML::Node& node, const Where& where) {
+    return ConfigValue(std::in_place_type<T>, Type<T>::read(name, node, where));
+  };
+  spec.resolve = [name, member, fallback, requirement](const TrainConfig& config, FullTrainConfig& full) {
+    const T* value = written<T>(config, name, Type<T>::kName);
+    full.*member = value == nullptr ? fallback : *value;
+    check(config, name, full.*member, requirement);
+  };
+  spec.write = [name, member](const FullTrainConfig& full, YAML::Emitter& out) {
+    out << YAML::Key << leaf(name) << YAML::Value;
+    Type<T>::write(out, full.*member);
+  };
+  return spec;
+}
+
+template <typename Enum, std::size_t N>
+KeySpec enum_key(const char* name, Enum FullTrainConfig::*member, const EnumNames<Enum, N>& names, Enum fallback,
+                 const std::string& meaning) {
+  KeySpec spec;
+  spec.doc = {name, "string", std::string(name_of(names, fallback)), meaning, {}};
+  for (const auto& entry : names) {
+    spec.doc.choices.emplace_back(entry.name);
+  }
+  spec.read = [name](const YAML::Node& node, const Where& where) { return ConfigValue(read_string(name, node, where)); };
+  spec.resolve = [name, member, &names, fallback](const TrainConfig& config, FullTrainConfig& full) {
+    const std::string* text = written<std::string>(config, name, "string");
+    if (text == nullptr) {
+      full.*member = fallback;
+      return;
+    }
+    const std::optional<Enum> parsed = try_parse(names, *text);
+    DKIT_CHECK(parsed.has_value(), "config key '", name, "' (", given(config, name), ") must be one of ",
+               list_names(names, /*last=*/", "), ", got '", *text, "'");
+    full.*member = *parsed;
+  };
+  spec.write = [name, member, &names](const FullTrainConfig& full, YAML::Emitter& out) {
+    out << YAML::Key << leaf(name) << YAML::Value << std::string(name_of(names, full.*member));
+  };
+  return spec;
+}
+
+// `data.path`: a path resolved at parse time, required unless the data is synthetic (so it follows data.source).
+KeySpec data_path_key() {
+  KeySpec spec;
+  spec.doc = {"data.path", "path", "(required for csv, mnist)",
+              "the CSV file or IDX folder; relative to the config file's folder (to the current folder in `--set`)",
+              {}};
+  spec.read = [](const YAML::Node& node, const Where& where) { return ConfigValue(read_path("data.path", node, where)); };
+  spec.resolve = [](const TrainConfig& config, FullTrainConfig& full) {
+    const std::string* path = written<std::string>(config, "data.path", "path");
+    full.data_path = path == nullptr ? "" : *path;
+    DKIT_CHECK(full.data_source == DataSource::kSynthetic || !full.data_path.empty(),
+               "config key 'data.path' is required when data.source is ", to_string(full.data_source));
+    if (full.data_source == DataSource::kSynthetic) {
+      full.data_path.clear();
+    }
+  };
+  spec.write = [](const FullTrainConfig& full, YAML::Emitter& out) {
+    if (!full.data_path.empty()) {
+      out << YAML::Key << "path" << YAML::Value << full.data_path;
+    }
+  };
+  return spec;
+}
+
+template <typename T>
+Requirement<T> at_least(typename ElementOf<T>::type minimum, const char* text) {
+  return {[minimum](const auto& value) { return value >= minimum; }, text};
+}
+
+Requirement<double> fraction() {
+  return {[](double value) { return value >= 0.0 && value < 1.0; }, "in [0, 1)"};
+}
+
+bool valid_device(const std::string& text) {
+  Device parsed = cpu();
+  return try_parse_device(text, parsed);
+}
+
+using C = FullTrainConfig;
+
+// Every key, in the order the README documents them and to_yaml() writes them; a section's keys stay together.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
-      key<std::string>("device", "string", "auto",
-                       "`auto` (the first GPU, else the CPU), `cpu`, `cuda` or `cuda:N`; an absent device is an error",
-                       DKIT_FIELD(device), read_string),
-      key<int64_t>("seed", "int", "0", "seeds weight initialisation, dropout, the validation split and the sample order",
-                   DKIT_FIELD(seed), read_int),
-      key<int64_t>("threads", "int", "0", "LibTorch's CPU threads; 0 uses every CPU this process may run on",
-                   DKIT_FIELD(threads), read_int),
-      key<std::string>("data.source", "string", "csv",
-                       "`csv` (numbers, no header), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST) or "
-                       "`synthetic` (seeded Gaussian blobs)",
-                       DKIT_FIELD(data.source), read_string),
-      key<std::string>("data.path", "path", "(required for csv, mnist)",
-                       "the CSV file or IDX folder; relative to the config file's folder (to the current folder in "
-                       "`--set`)",
-                       DKIT_FIELD(data.path), read_path),
-      key<int64_t>("data.label_column", "int", "-1", "CSV column holding the integer class label; negative counts from the end",
-                   DKIT_FIELD(data.label_column), read_int),
-      key<std::string>("data.scaling", "string", "standardize",
-                       "feature scaling fitted on the training part and stored in checkpoints: `none`, `standardize` "
-                       "(zero mean, unit variance) or `minmax` (to [0, 1])",
-                       DKIT_FIELD(data.scaling), read_string),
-      key<double>("data.val_fraction", "float", "0.2", "fraction of samples held out for validation, in [0, 1)",
-                  DKIT_FIELD(data.val_fraction), read_double),
-      key<int64_t>("data.samples", "int", "2000", "synthetic only: number of samples", DKIT_FIELD(data.samples),
-                   read_int),
-      key<int64_t>("data.features", "int", "32", "synthetic only: features per sample", DKIT_FIELD(data.features),
-                   read_int),
-      key<int64_t>("data.classes", "int", "4", "synthetic only: number of classes", DKIT_FIELD(data.classes),
-                   read_int),
-      key<std::vector<int64_t>>("model.hidden", "list of int", "[256, 256]", "width of each hidden layer; `[]` is a linear model",
-                                DKIT_FIELD(model.hidden), read_int_list),
-      key<std::string>("model.activation", "string", "relu", "`relu`, `gelu` or `tanh`", DKIT_FIELD(model.activation),
-                       read_string),
-      key<double>("model.dropout", "float", "0", "dropout after each hidden activation, in [0, 1)",
-                  DKIT_FIELD(model.dropout), read_double),
-      key<int64_t>("train.epochs", "int", "10", "passes over the training data", DKIT_FIELD(train.epochs), read_int),
-      key<int64_t>("train.max_steps", "int", "0", "stop after this many steps in all; 0 means no limit",
-                   DKIT_FIELD(train.max_steps), read_int),
-      key<int64_t>("train.batch_size", "int", "64", "samples per step and per process", DKIT_FIELD(train.batch_size),
-                   read_int),
-      key<double>("train.lr", "float", "0.001", "learning rate", DKIT_FIELD(train.lr), read_double),
-      key<std::string>("train.optimizer", "string", "adam", "`sgd`, `adam` or `adamw`", DKIT_FIELD(train.optimizer),
-                       read_string),
-      key<double>("train.momentum", "float", "0.9", "SGD momentum, in [0, 1); other optimizers ignore it",
-                  DKIT_FIELD(train.momentum), read_double),
-      key<double>("train.weight_decay", "float", "0", "L2 penalty (sgd, adam) or decoupled weight decay (adamw)",
-                  DKIT_FIELD(train.weight_decay), read_double),
-      key<int64_t>("train.log_every", "int", "50",
-                   "steps between metric flushes: the only device-to-host transfers of the training loop",
-                   DKIT_FIELD(train.log_every), read_int),
-      key<int64_t>("train.checkpoint_every", "int", "500", "steps between checkpoints; 0 writes one at the end only",
-                   DKIT_FIELD(train.checkpoint_every), read_int),
-      key<int64_t>("train.keep_checkpoints", "int", "3", "step-numbered checkpoints kept beside `last.pt`",
-                   DKIT_FIELD(train.keep_checkpoints), read_int),
-      key<std::string>("loader.placement", "string", "auto",
-                       "`device` (whole data set on the device), `pinned` (prefetched through reused pinned "
-                       "buffers), `pageable`, or `auto` (pinned on a GPU, device on the CPU)",
-                       DKIT_FIELD(loader.placement), read_string),
-      key<int64_t>("loader.prefetch", "int", "2", "batches prepared ahead by the loader thread (pinned ring slots)",
-                   DKIT_FIELD(loader.prefetch), read_int),
-      key<bool>("loader.shuffle", "bool", "true", "a new sample order each epoch, from `seed` and the epoch",
-                DKIT_FIELD(loader.shuffle), read_bool),
-      key<bool>("loader.drop_last", "bool", "false", "skip the last batch of an epoch when it is short",
-                DKIT_FIELD(loader.drop_last), read_bool),
-      key<std::string>("dist.backend", "string", "auto", "c10d backend for multi-process runs: `auto` (NCCL on CUDA, "
-                       "else Gloo), `gloo` or `nccl`",
-                       DKIT_FIELD(dist.backend), read_string),
-      key<int64_t>("dist.timeout_seconds", "int", "60",
-                   "how long a collective waits for a lost process before the run fails",
-                   DKIT_FIELD(dist.timeout_seconds), read_int),
-      key<bool>("dist.data_parallel", "bool", "false",
-                "one process on every visible GPU through LibTorch's DataParallel (CUDA builds; see `dkit devices`)",
-                DKIT_FIELD(dist.data_parallel), read_bool),
+      value_key<std::string>(
+          "device", &C::device, "auto",
+          "`auto` (the first GPU, else the CPU), `cpu`, `cuda` or `cuda:N`; an absent device is an error",
+          {valid_device, "auto, cpu, cuda or cuda:N"}),
+      value_key<int64_t>("seed", &C::seed, 0,
+                         "seeds weight initialisation, dropout, the validation split and the sample order"),
+      value_key<int64_t>("threads", &C::threads, 0, "LibTorch's CPU threads; 0 uses every CPU this process may run on",
+                         at_least<int64_t>(0, "at least 0")),
+      enum_key("data.source", &C::data_source, kDataSourceNames, DataSource::kCsv,
+               "`csv` (numbers, no header), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST) or `synthetic` "
+               "(seeded Gaussian blobs)"),
+      data_path_key(),
+      value_key<int64_t>("data.label_column", &C::label_column, -1,
+                         "CSV column holding the integer class label; negative counts from the end"),
+      enum_key("data.scaling", &C::scaling, kScalingNames, Scaling::kStandardize,
+               "feature scaling fitted on the training part and stored in checkpoints: `none`, `standardize` (zero "
+               "mean, unit variance) or `minmax` (to [0, 1])"),
+      value_key<double>("data.val_fraction", &C::val_fraction, 0.2,
+                        "fraction of samples held out for validation, in [0, 1)", fraction()),
+      value_key<int64_t>("data.samples", &C::synthetic_samples, 2000, "synthetic only: number of samples",
+                         at_least<int64_t>(2, "at least 2")),
+      value_key<int64_t>("data.features", &C::synthetic_features, 32, "synthetic only: features per sample",
+                         at_least<int64_t>(1, "at least 1")),
+      value_key<int64_t>("data.classes", &C::synthetic_classes, 4, "synthetic only: number of classes",
+                         at_least<int64_t>(2, "at least 2")),
+      value_key<std::vector<int64_t>>("model.hidden", &C::hidden, {256, 256},
+                                      "width of each hidden layer; `[]` is a linear model",
+                                      at_least<std::vector<int64_t>>(1, "a list of positive widths")),
+      enum_key("model.activation", &C::activation, kActivationNames, Activation::kReLU,
+               list_names(kActivationNames, " or ", "`")),
+      value_key<double>("model.dropout", &C::dropout, 0.0, "dropout after each hidden activation, in [0, 1)",
+                        fraction()),
+      value_key<int64_t>("train.epochs", &C::epochs, 10, "passes over the training data",
+                         at_least<int64_t>(1, "at least 1")),
+      value_key<int64_t>("train.max_steps", &C::max_steps, 0, "stop after this many steps in all; 0 means no limit",
+                         at_least<int64_t>(0, "at least 0 (0: no limit)")),
+      value_key<int64_t>("train.batch_size", &C::batch_size, 64, "samples per step and per process",
+                         at_least<int64_t>(1, "at least 1")),
+      value_key<double>("train.lr", &C::lr, 0.001, "learning rate",
+                        {[](double lr) { return lr > 0.0 && std::isfinite(lr); }, "a positive number"}),
+      enum_key("train.optimizer", &C::optimizer, kOptimizerNames, OptimizerKind::kAdam,
+               list_names(kOptimizerNames, " or ", "`")),
+      value_key<double>("train.momentum", &C::momentum, 0.9, "SGD momentum, in [0, 1); other optimizers ignore it",
+                        fraction()),
+      value_key<double>("train.weight_decay", &C::weight_decay, 0.0,
+                        "L2 penalty (sgd, adam) or decoupled weight decay (adamw)",
+                        {[](double decay) { return decay >= 0.0 && std::isfinite(decay); }, "at least 0"}),
+      value_key<int64_t>("train.log_every", &C::log_every, 50,
+                         "steps between metric flushes: the only device-to-host transfers of the training loop",
+                         at_least<int64_t>(1, "at least 1")),
+      value_key<int64_t>("train.checkpoint_every", &C::checkpoint_every, 500,
+                         "steps between checkpoints; 0 writes one at the end only",
+                         at_least<int64_t>(0, "at least 0 (0: at the end only)")),
+      value_key<int64_t>("train.keep_checkpoints", &C::keep_checkpoints, 3,
+                         "step-numbered checkpoints kept beside `last.pt`", at_least<int64_t>(0, "at least 0")),
+      enum_key("loader.placement", &C::placement, kPlacementNames, Placement::kAuto,
+               "`device` (whole data set on the device), `pinned` (prefetched through reused pinned buffers), "
+               "`pageable`, or `auto` (pinned on a GPU, device on the CPU)"),
+      value_key<int64_t>("loader.prefetch", &C::prefetch, 2,
+                         "batches prepared ahead by the loader thread (pinned ring slots)",
+                         {[](int64_t prefetch) { return prefetch >= 1 && prefetch <= 64; }, "in [1, 64]"}),
+      value_key<bool>("loader.shuffle", &C::shuffle, true, "a new sample order each epoch, from `seed` and the epoch"),
+      value_key<bool>("loader.drop_last", &C::drop_last, false, "skip the last batch of an epoch when it is short"),
+      enum_key("dist.backend", &C::dist_backend, kBackendNames, Backend::kAuto,
+               "c10d backend for multi-process runs: `auto` (NCCL on CUDA, else Gloo), `gloo` or `nccl`"),
+      value_key<int64_t>("dist.timeout_seconds", &C::dist_timeout_seconds, 60,
+                         "how long a collective waits for a lost process before the run fails",
+                         at_least<int64_t>(1, "at least 1")),
+      value_key<bool>(
+          "dist.data_parallel", &C::dist_data_parallel, false,
+          "one process on every visible GPU through LibTorch's DataParallel (CUDA builds; see `dkit devices`)"),
   };
   return specs;
 }
-
-#undef DKIT_FIELD
 
 const KeySpec* find_key(const std::string& name) {
   for (const auto& spec : key_specs()) {
@@ -230,13 +439,28 @@ const KeySpec* find_key(const std::string& name) {
   return nullptr;
 }
 
-bool is_section(const std::string& name) {
-  for (const char* section : kSections) {
-    if (name == section) {
-      return true;
+std::string section_of(const std::string& name) {
+  const auto dot = name.find('.');
+  return dot == std::string::npos ? "" : name.substr(0, dot);
+}
+
+// The sections (`data`, `model`, ...), in the order of their first key.
+const std::vector<std::string>& sections() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> found;
+    for (const auto& spec : key_specs()) {
+      const std::string section = section_of(spec.doc.name);
+      if (!section.empty() && std::find(found.begin(), found.end(), section) == found.end()) {
+        found.push_back(section);
+      }
     }
-  }
-  return false;
+    return found;
+  }();
+  return names;
+}
+
+bool is_section(const std::string& name) {
+  return std::find(sections().begin(), sections().end(), name) != sections().end();
 }
 
 std::string keys_in(const std::string& section) {
@@ -250,8 +474,8 @@ std::string keys_in(const std::string& section) {
     names += (names.empty() ? "" : ", ") + name.substr(prefix.size());
   }
   if (section.empty()) {
-    for (const char* s : kSections) {
-      names += std::string(", ") + s;
+    for (const auto& s : sections()) {
+      names += ", " + s;
     }
   }
   return names;
@@ -300,7 +524,7 @@ struct Walker {
         throw Error(detail::concat("unknown config key '", name, "' (", at.text, "); known keys",
                                    section.empty() ? "" : " in '" + section + "'", ": ", keys_in(section)));
       }
-      spec->read(config, entry.second, at);
+      config.values[name] = spec->read(entry.second, at);
       config.origins[name] = at.text;
     }
   }
@@ -335,30 +559,6 @@ void apply_override(YAML::Node& root, const std::string& assignment, std::map<st
     section[parts[1]] = value;
   }
   origins[name] = "--set " + assignment;
-}
-
-const std::string& given(const TrainConfig& config, const std::string& name) {
-  static const std::string kDefault = "default";
-  const auto found = config.origins.find(name);
-  return found == config.origins.end() ? kDefault : found->second;
-}
-
-template <typename T>
-void check_range(const TrainConfig& config, const std::string& name, T value, bool ok, const char* requirement) {
-  DKIT_CHECK(ok, "config key '", name, "' (", given(config, name), ") must be ", requirement, ", got ", value);
-}
-
-std::string check_choice(const TrainConfig& config, const std::string& name, const std::string& value,
-                         std::initializer_list<const char*> choices) {
-  std::string listing;
-  for (const char* choice : choices) {
-    if (value == choice) {
-      return value;
-    }
-    listing += (listing.empty() ? "" : ", ") + std::string(choice);
-  }
-  throw Error(detail::concat("config key '", name, "' (", given(config, name), ") must be one of ", listing,
-                             ", got '", value, "'"));
 }
 
 } // namespace
@@ -406,143 +606,32 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   return parse_config(text.str(), path, parent.empty() ? "." : parent.string(), overrides);
 }
 
-FullTrainConfig::FullTrainConfig(const TrainConfig& c) {
-  device = c.device.value_or("auto");
-  Device parsed = cpu();
-  DKIT_CHECK(try_parse_device(device, parsed), "config key 'device' (", given(c, "device"),
-             ") must be auto, cpu, cuda or cuda:N, got '", device, "'");
-  seed = c.seed.value_or(0);
-  threads = c.threads.value_or(0);
-  check_range(c, "threads", threads, threads >= 0, "at least 0");
-
-  const std::string source = check_choice(c, "data.source", c.data.source.value_or("csv"), {"csv", "mnist", "synthetic"});
-  data_source = source == "csv" ? DataSource::kCsv : source == "mnist" ? DataSource::kMnist : DataSource::kSynthetic;
-  data_path = c.data.path.value_or("");
-  DKIT_CHECK(data_source == DataSource::kSynthetic || !data_path.empty(), "config key 'data.path' is required when "
-             "data.source is ", source);
-  if (data_source == DataSource::kSynthetic) {
-    data_path.clear();
+FullTrainConfig::FullTrainConfig(const TrainConfig& config) {
+  for (const auto& spec : key_specs()) {
+    spec.resolve(config, *this);
   }
-  label_column = c.data.label_column.value_or(-1);
-  scaling = check_choice(c, "data.scaling", c.data.scaling.value_or("standardize"), {"none", "standardize", "minmax"});
-  val_fraction = c.data.val_fraction.value_or(0.2);
-  check_range(c, "data.val_fraction", val_fraction, val_fraction >= 0.0 && val_fraction < 1.0, "in [0, 1)");
-  synthetic_samples = c.data.samples.value_or(2000);
-  check_range(c, "data.samples", synthetic_samples, synthetic_samples >= 2, "at least 2");
-  synthetic_features = c.data.features.value_or(32);
-  check_range(c, "data.features", synthetic_features, synthetic_features >= 1, "at least 1");
-  synthetic_classes = c.data.classes.value_or(4);
-  check_range(c, "data.classes", synthetic_classes, synthetic_classes >= 2, "at least 2");
-
-  hidden = c.model.hidden.value_or(std::vector<int64_t>{256, 256});
-  for (const int64_t width : hidden) {
-    check_range(c, "model.hidden", width, width >= 1, "a list of positive widths");
-  }
-  activation = check_choice(c, "model.activation", c.model.activation.value_or("relu"), {"relu", "gelu", "tanh"});
-  dropout = c.model.dropout.value_or(0.0);
-  check_range(c, "model.dropout", dropout, dropout >= 0.0 && dropout < 1.0, "in [0, 1)");
-
-  epochs = c.train.epochs.value_or(10);
-  check_range(c, "train.epochs", epochs, epochs >= 1, "at least 1");
-  max_steps = c.train.max_steps.value_or(0);
-  check_range(c, "train.max_steps", max_steps, max_steps >= 0, "at least 0 (0: no limit)");
-  batch_size = c.train.batch_size.value_or(64);
-  check_range(c, "train.batch_size", batch_size, batch_size >= 1, "at least 1");
-  lr = c.train.lr.value_or(0.001);
-  check_range(c, "train.lr", lr, lr > 0.0 && std::isfinite(lr), "a positive number");
-  const std::string opt = check_choice(c, "train.optimizer", c.train.optimizer.value_or("adam"), {"sgd", "adam", "adamw"});
-  optimizer = opt == "sgd" ? OptimizerKind::kSgd : opt == "adam" ? OptimizerKind::kAdam : OptimizerKind::kAdamW;
-  momentum = c.train.momentum.value_or(0.9);
-  check_range(c, "train.momentum", momentum, momentum >= 0.0 && momentum < 1.0, "in [0, 1)");
-  weight_decay = c.train.weight_decay.value_or(0.0);
-  check_range(c, "train.weight_decay", weight_decay, weight_decay >= 0.0 && std::isfinite(weight_decay),
-              "at least 0");
-  log_every = c.train.log_every.value_or(50);
-  check_range(c, "train.log_every", log_every, log_every >= 1, "at least 1");
-  checkpoint_every = c.train.checkpoint_every.value_or(500);
-  check_range(c, "train.checkpoint_every", checkpoint_every, checkpoint_every >= 0, "at least 0 (0: at the end only)");
-  keep_checkpoints = c.train.keep_checkpoints.value_or(3);
-  check_range(c, "train.keep_checkpoints", keep_checkpoints, keep_checkpoints >= 0, "at least 0");
-
-  placement = check_choice(c, "loader.placement", c.loader.placement.value_or("auto"),
-                           {"auto", "device", "pinned", "pageable"});
-  prefetch = c.loader.prefetch.value_or(2);
-  check_range(c, "loader.prefetch", prefetch, prefetch >= 1 && prefetch <= 64, "in [1, 64]");
-  shuffle = c.loader.shuffle.value_or(true);
-  drop_last = c.loader.drop_last.value_or(false);
-
-  dist_backend = check_choice(c, "dist.backend", c.dist.backend.value_or("auto"), {"auto", "gloo", "nccl"});
-  dist_timeout_seconds = c.dist.timeout_seconds.value_or(60);
-  check_range(c, "dist.timeout_seconds", dist_timeout_seconds, dist_timeout_seconds >= 1, "at least 1");
-  dist_data_parallel = c.dist.data_parallel.value_or(false);
 }
 
-std::string to_yaml(const FullTrainConfig& c) {
+std::string to_yaml(const FullTrainConfig& config) {
   YAML::Emitter out;
   out << YAML::BeginMap;
-  out << YAML::Key << "device" << YAML::Value << c.device;
-  out << YAML::Key << "seed" << YAML::Value << c.seed;
-  out << YAML::Key << "threads" << YAML::Value << c.threads;
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "source" << YAML::Value << to_string(c.data_source);
-  if (!c.data_path.empty()) {
-    out << YAML::Key << "path" << YAML::Value << c.data_path;
+  std::string open_section;
+  for (const auto& spec : key_specs()) {
+    const std::string section = section_of(spec.doc.name);
+    if (section != open_section) {
+      if (!open_section.empty()) {
+        out << YAML::EndMap;
+      }
+      out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+      open_section = section;
+    }
+    spec.write(config, out);
   }
-  out << YAML::Key << "label_column" << YAML::Value << c.label_column;
-  out << YAML::Key << "scaling" << YAML::Value << c.scaling;
-  out << YAML::Key << "val_fraction" << YAML::Value << format_number(c.val_fraction);
-  out << YAML::Key << "samples" << YAML::Value << c.synthetic_samples;
-  out << YAML::Key << "features" << YAML::Value << c.synthetic_features;
-  out << YAML::Key << "classes" << YAML::Value << c.synthetic_classes;
-  out << YAML::EndMap;
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "hidden" << YAML::Value << YAML::Flow << c.hidden;
-  out << YAML::Key << "activation" << YAML::Value << c.activation;
-  out << YAML::Key << "dropout" << YAML::Value << format_number(c.dropout);
-  out << YAML::EndMap;
-  out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "epochs" << YAML::Value << c.epochs;
-  out << YAML::Key << "max_steps" << YAML::Value << c.max_steps;
-  out << YAML::Key << "batch_size" << YAML::Value << c.batch_size;
-  out << YAML::Key << "lr" << YAML::Value << format_number(c.lr);
-  out << YAML::Key << "optimizer" << YAML::Value << to_string(c.optimizer);
-  out << YAML::Key << "momentum" << YAML::Value << format_number(c.momentum);
-  out << YAML::Key << "weight_decay" << YAML::Value << format_number(c.weight_decay);
-  out << YAML::Key << "log_every" << YAML::Value << c.log_every;
-  out << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
-  out << YAML::Key << "keep_checkpoints" << YAML::Value << c.keep_checkpoints;
-  out << YAML::EndMap;
-  out << YAML::Key << "loader" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "placement" << YAML::Value << c.placement;
-  out << YAML::Key << "prefetch" << YAML::Value << c.prefetch;
-  out << YAML::Key << "shuffle" << YAML::Value << c.shuffle;
-  out << YAML::Key << "drop_last" << YAML::Value << c.drop_last;
-  out << YAML::EndMap;
-  out << YAML::Key << "dist" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "backend" << YAML::Value << c.dist_backend;
-  out << YAML::Key << "timeout_seconds" << YAML::Value << c.dist_timeout_seconds;
-  out << YAML::Key << "data_parallel" << YAML::Value << c.dist_data_parallel;
-  out << YAML::EndMap;
+  if (!open_section.empty()) {
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
-}
-
-const char* to_string(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(kind));
-}
-
-const char* to_string(DataSource source) {
-  switch (source) {
-    case DataSource::kCsv: return "csv";
-    case DataSource::kMnist: return "mnist";
-    case DataSource::kSynthetic: return "synthetic";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled DataSource ", static_cast<int>(source));
 }
 
 } // namespace dkit

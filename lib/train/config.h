@@ -1,22 +1,22 @@
 #pragma once
 
+#include <dkit/checkpoint/optimizer_kind.h>
+#include <dkit/core/enum_names.h>
+
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace dkit {
 
-/// The optimizers `train.optimizer` names.
-enum class OptimizerKind {
-  /// `torch::optim::SGD` with `train.momentum` and `train.weight_decay`.
-  kSgd,
-  /// `torch::optim::Adam` with `train.weight_decay` as L2 penalty.
-  kAdam,
-  /// `torch::optim::AdamW` with decoupled `train.weight_decay`.
-  kAdamW,
-};
+// Declared with their name tables in the modules that use them (model/mlp.h, data/dataset.h, data/loader.h,
+// distributed/process_group.h); config.cpp includes those, this header stays free of LibTorch.
+enum class Activation;
+enum class Scaling;
+enum class Placement;
+enum class Backend;
 
 /// Where `data.source` reads samples from.
 enum class DataSource {
@@ -28,98 +28,33 @@ enum class DataSource {
   kSynthetic,
 };
 
-/// The training configuration as written: each key the YAML file or a `--set` gave, and nothing else. Missing
-/// keys stay empty; FullTrainConfig fills them with defaults and checks every value.
+/// The name of each DataSource, as `data.source` spells it.
+inline constexpr EnumNames<DataSource, 3> kDataSourceNames = {{
+    {DataSource::kCsv, "csv"},
+    {DataSource::kMnist, "mnist"},
+    {DataSource::kSynthetic, "synthetic"},
+}};
+
+/// One value as a config file or `--set` wrote it, read as its key's type: `bool`, `int64_t` (int), `double`
+/// (float), `std::string` (string, path, and the name of an enum value, checked by FullTrainConfig) or
+/// `std::vector<int64_t>` (list of int).
+using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>>;
+
+/// The training configuration as written: each key the YAML file or a `--set` gave, and nothing else. Every
+/// value has its key's type (a wrong type is an error of parse_config()), but no default is filled in and no
+/// range or name is checked: FullTrainConfig does that. config_keys() lists the keys.
 struct TrainConfig {
-  /// `device`: `auto | cpu | cuda | cuda:N`.
-  std::optional<std::string> device;
-  /// `seed`: seeds weight initialisation, dropout, the split and the sample order.
-  std::optional<int64_t> seed;
-  /// `threads`: LibTorch's CPU threads; 0 uses every CPU this process may run on.
-  std::optional<int64_t> threads;
-
-  /// `data.*` as written.
-  struct Data {
-    /// `data.source`.
-    std::optional<std::string> source;
-    /// `data.path`, resolved against the folder of the file that gave it (or the current folder for `--set`).
-    std::optional<std::string> path;
-    /// `data.label_column`.
-    std::optional<int64_t> label_column;
-    /// `data.scaling`.
-    std::optional<std::string> scaling;
-    /// `data.val_fraction`.
-    std::optional<double> val_fraction;
-    /// `data.samples` (synthetic).
-    std::optional<int64_t> samples;
-    /// `data.features` (synthetic).
-    std::optional<int64_t> features;
-    /// `data.classes` (synthetic).
-    std::optional<int64_t> classes;
-  } data;
-
-  /// `model.*` as written.
-  struct Model {
-    /// `model.hidden`.
-    std::optional<std::vector<int64_t>> hidden;
-    /// `model.activation`.
-    std::optional<std::string> activation;
-    /// `model.dropout`.
-    std::optional<double> dropout;
-  } model;
-
-  /// `train.*` as written.
-  struct Train {
-    /// `train.epochs`.
-    std::optional<int64_t> epochs;
-    /// `train.max_steps`.
-    std::optional<int64_t> max_steps;
-    /// `train.batch_size`.
-    std::optional<int64_t> batch_size;
-    /// `train.lr`.
-    std::optional<double> lr;
-    /// `train.optimizer`.
-    std::optional<std::string> optimizer;
-    /// `train.momentum`.
-    std::optional<double> momentum;
-    /// `train.weight_decay`.
-    std::optional<double> weight_decay;
-    /// `train.log_every`.
-    std::optional<int64_t> log_every;
-    /// `train.checkpoint_every`.
-    std::optional<int64_t> checkpoint_every;
-    /// `train.keep_checkpoints`.
-    std::optional<int64_t> keep_checkpoints;
-  } train;
-
-  /// `loader.*` as written.
-  struct Loader {
-    /// `loader.placement`.
-    std::optional<std::string> placement;
-    /// `loader.prefetch`.
-    std::optional<int64_t> prefetch;
-    /// `loader.shuffle`.
-    std::optional<bool> shuffle;
-    /// `loader.drop_last`.
-    std::optional<bool> drop_last;
-  } loader;
-
-  /// `dist.*` as written.
-  struct Dist {
-    /// `dist.backend`.
-    std::optional<std::string> backend;
-    /// `dist.timeout_seconds`.
-    std::optional<int64_t> timeout_seconds;
-    /// `dist.data_parallel`.
-    std::optional<bool> data_parallel;
-  } dist;
+  /// Each key given, by dotted name (`train.lr`). `data.path` is already absolute: resolved against the folder
+  /// of the file that gave it, or the current folder for `--set`.
+  std::map<std::string, ConfigValue> values;
 
   /// Where each key given came from, e.g. `configs/digits.yaml line 7` or `--set train.lr=0.1`; error messages
   /// quote it.
   std::map<std::string, std::string> origins;
 };
 
-/// The configuration with every default filled in and every value checked: nothing is left optional.
+/// The configuration with every default filled in and every value checked: nothing is left optional. Each
+/// member is one key of config_keys(); the key table in config.cpp holds its default, its check and its doc.
 struct FullTrainConfig {
   /// Resolves `config`; an out-of-range or unknown value is a dkit::Error naming the key and where it was given.
   explicit FullTrainConfig(const TrainConfig& config);
@@ -138,8 +73,8 @@ struct FullTrainConfig {
   std::string data_path;
   /// `data.label_column` (negative counts from the end).
   int64_t label_column;
-  /// `data.scaling`: `none`, `standardize` or `minmax`.
-  std::string scaling;
+  /// `data.scaling`.
+  Scaling scaling;
   /// `data.val_fraction`, in [0, 1).
   double val_fraction;
   /// `data.samples` (synthetic).
@@ -151,8 +86,8 @@ struct FullTrainConfig {
 
   /// `model.hidden`.
   std::vector<int64_t> hidden;
-  /// `model.activation`: `relu`, `gelu` or `tanh`.
-  std::string activation;
+  /// `model.activation`.
+  Activation activation;
   /// `model.dropout`, in [0, 1).
   double dropout;
 
@@ -177,8 +112,8 @@ struct FullTrainConfig {
   /// `train.keep_checkpoints`.
   int64_t keep_checkpoints;
 
-  /// `loader.placement`: `auto`, `device`, `pinned` or `pageable`.
-  std::string placement;
+  /// `loader.placement`.
+  Placement placement;
   /// `loader.prefetch`.
   int64_t prefetch;
   /// `loader.shuffle`.
@@ -186,8 +121,8 @@ struct FullTrainConfig {
   /// `loader.drop_last`.
   bool drop_last;
 
-  /// `dist.backend`: `auto`, `gloo` or `nccl`.
-  std::string dist_backend;
+  /// `dist.backend`.
+  Backend dist_backend;
   /// `dist.timeout_seconds`.
   int64_t dist_timeout_seconds;
   /// `dist.data_parallel`: one process on every visible GPU (DataParallel).
@@ -204,6 +139,8 @@ struct ConfigKey {
   std::string default_value;
   /// What it does.
   std::string meaning;
+  /// The names an enum-valued key accepts, in the order messages list them; empty for other keys.
+  std::vector<std::string> choices;
 };
 
 /// Every configuration key, in the order the README documents them.
@@ -222,10 +159,9 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 /// The resolved configuration as YAML that parse_config() reads back to the same values.
 std::string to_yaml(const FullTrainConfig& config);
 
-/// `kind` as `train.optimizer` spells it.
-const char* to_string(OptimizerKind kind);
-
-/// `source` as `data.source` spells it.
-const char* to_string(DataSource source);
+/// The name kDataSourceNames gives `source`.
+inline std::string to_string(DataSource source) {
+  return std::string(name_of(kDataSourceNames, source));
+}
 
 } // namespace dkit

@@ -8,9 +8,13 @@ namespace dkit {
 ResumePoint resume_point(TrainingCheckpoint checkpoint, const std::string& source,
                          const std::vector<std::string>& overrides, const std::string& base_dir) {
   ResumePoint point;
-  const std::string origin = "the config saved in " + source;
-  point.saved_batch_size = FullTrainConfig(parse_config(checkpoint.config, origin, base_dir)).batch_size;
-  point.config = parse_config(checkpoint.config, origin, base_dir, overrides);
+  point.config = parse_config(checkpoint.config, "the config saved in " + source, base_dir);
+  point.saved_batch_size = FullTrainConfig(point.config).batch_size;
+  const TrainConfig changes = parse_config("", "--set", base_dir, overrides);
+  for (const auto& [key, value] : changes.values) {
+    point.config.values[key] = value;
+    point.config.origins[key] = changes.origins.at(key);
+  }
   point.source = source;
   point.checkpoint = std::make_shared<const TrainingCheckpoint>(std::move(checkpoint));
   return point;

@@ -147,7 +147,7 @@ struct Trainer::Impl {
 
   void setup_model() {
     model = Mlp(MlpOptions(data->in_features, config.hidden, data->num_classes)
-                    .activation(parse_activation(config.activation))
+                    .activation(config.activation)
                     .dropout(config.dropout));
     place_module(model, device);
     optimizer = make_optimizer(config, model->parameters());

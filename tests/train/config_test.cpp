@@ -1,5 +1,10 @@
 #include <dkit/train/config.h>
 
+#include <dkit/data/dataset.h>
+#include <dkit/data/loader.h>
+#include <dkit/distributed/process_group.h>
+#include <dkit/model/mlp.h>
+
 #include "../support.h"
 
 #include <filesystem>
@@ -24,10 +29,10 @@ TEST_F(ConfigTest, EmptyConfigTakesEveryDefault) {
   EXPECT_EQ(c.data_source, DataSource::kCsv);
   EXPECT_EQ(c.data_path, "/base/d.csv");
   EXPECT_EQ(c.label_column, -1);
-  EXPECT_EQ(c.scaling, "standardize");
+  EXPECT_EQ(c.scaling, Scaling::kStandardize);
   EXPECT_DOUBLE_EQ(c.val_fraction, 0.2);
   EXPECT_EQ(c.hidden, (std::vector<int64_t>{256, 256}));
-  EXPECT_EQ(c.activation, "relu");
+  EXPECT_EQ(c.activation, Activation::kReLU);
   EXPECT_EQ(c.epochs, 10);
   EXPECT_EQ(c.max_steps, 0);
   EXPECT_EQ(c.batch_size, 64);
@@ -35,11 +40,11 @@ TEST_F(ConfigTest, EmptyConfigTakesEveryDefault) {
   EXPECT_EQ(c.optimizer, OptimizerKind::kAdam);
   EXPECT_EQ(c.log_every, 50);
   EXPECT_EQ(c.checkpoint_every, 500);
-  EXPECT_EQ(c.placement, "auto");
+  EXPECT_EQ(c.placement, Placement::kAuto);
   EXPECT_EQ(c.prefetch, 2);
   EXPECT_TRUE(c.shuffle);
   EXPECT_FALSE(c.drop_last);
-  EXPECT_EQ(c.dist_backend, "auto");
+  EXPECT_EQ(c.dist_backend, Backend::kAuto);
 }
 
 TEST_F(ConfigTest, ReadsEverySectionAndRecordsWhereEachKeyCameFrom) {
@@ -52,12 +57,12 @@ TEST_F(ConfigTest, ReadsEverySectionAndRecordsWhereEachKeyCameFrom) {
   const FullTrainConfig c(raw);
   EXPECT_EQ(c.device, "cpu");
   EXPECT_EQ(c.seed, 7);
-  EXPECT_EQ(c.scaling, "minmax");
+  EXPECT_EQ(c.scaling, Scaling::kMinMax);
   EXPECT_EQ(c.hidden, (std::vector<int64_t>{8, 4}));
   EXPECT_DOUBLE_EQ(c.dropout, 0.5);
   EXPECT_DOUBLE_EQ(c.lr, 0.1);
   EXPECT_EQ(c.optimizer, OptimizerKind::kSgd);
-  EXPECT_EQ(c.placement, "device");
+  EXPECT_EQ(c.placement, Placement::kDevice);
   EXPECT_TRUE(c.drop_last);
 }
 
@@ -147,6 +152,78 @@ TEST_F(ConfigTest, ResolvedYamlReadsBackToTheSameConfig) {
   EXPECT_TRUE(second.hidden.empty());
   EXPECT_DOUBLE_EQ(second.lr, 0.1);
   EXPECT_EQ(second.optimizer, OptimizerKind::kAdamW);
+}
+
+TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
+  // A value other than the default for every key: what to_yaml() writes, parse_config() must read back.
+  const std::vector<std::string> every_key = {
+      "device=cpu", "seed=5", "threads=1", "data.source=mnist", "data.path=/data/mnist", "data.label_column=2",
+      "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
+      "model.hidden=[7, 5]", "model.activation=tanh", "model.dropout=0.5", "train.epochs=2", "train.max_steps=9",
+      "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.momentum=0.5", "train.weight_decay=0.01",
+      "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1", "loader.placement=pageable",
+      "loader.prefetch=3", "loader.shuffle=false", "loader.drop_last=true", "dist.backend=gloo",
+      "dist.timeout_seconds=9", "dist.data_parallel=true"};
+  ASSERT_EQ(every_key.size(), config_keys().size());
+  const TrainConfig written = parse_config("", "test.yaml", "/base", every_key);
+  const FullTrainConfig first(written);
+  const FullTrainConfig defaults = resolve("data: {path: d.csv}");
+  const std::string yaml = to_yaml(first);
+  const TrainConfig read = parse_config(yaml, "saved", "/elsewhere");
+  for (const auto& key : config_keys()) {
+    EXPECT_EQ(read.values.count(key.name), 1u) << key.name << " is missing from\n" << yaml;
+    EXPECT_EQ(read.values.at(key.name), written.values.at(key.name)) << key.name;
+    TrainConfig alone;
+    alone.values["data.path"] = std::string("/data/d.csv");
+    alone.values[key.name] = written.values.at(key.name);
+    EXPECT_NE(to_yaml(FullTrainConfig(alone)), to_yaml(defaults)) << key.name << " does not reach FullTrainConfig";
+  }
+  EXPECT_EQ(to_yaml(FullTrainConfig(read)), yaml);
+  EXPECT_EQ(first.placement, Placement::kPageable);
+  EXPECT_EQ(first.dist_backend, Backend::kGloo);
+  EXPECT_EQ(first.activation, Activation::kTanh);
+  EXPECT_EQ(first.data_source, DataSource::kMnist);
+}
+
+TEST_F(ConfigTest, DocumentedDefaultsAreTheDefaults) {
+  std::vector<std::string> defaults = {"data.source=synthetic"};
+  for (const auto& key : config_keys()) {
+    if (key.name != "data.path" && key.name != "data.source") {
+      defaults.push_back(key.name + "=" + key.default_value);
+    }
+  }
+  EXPECT_EQ(to_yaml(resolve("", defaults)), to_yaml(resolve("data: {source: synthetic}")));
+}
+
+TEST_F(ConfigTest, EveryEnumKeyListsItsNamesAndRejectsOthers) {
+  int enum_keys = 0;
+  for (const auto& key : config_keys()) {
+    if (key.choices.empty()) {
+      continue;
+    }
+    ++enum_keys;
+    std::string listing;
+    for (const auto& choice : key.choices) {
+      listing += (listing.empty() ? "" : ", ") + choice;
+      EXPECT_NE(key.meaning.find("`" + choice + "`"), std::string::npos) << key.name << " does not document " << choice;
+      const std::string yaml = to_yaml(resolve("data: {path: d.csv}", {key.name + "=" + choice}));
+      const std::string leaf = key.name.substr(key.name.rfind('.') + 1);
+      EXPECT_NE(yaml.find("  " + leaf + ": " + choice + "\n"), std::string::npos) << yaml;
+    }
+    EXPECT_EQ(error_message([&] { resolve("data: {path: d.csv}", {key.name + "=bogus"}); }),
+              "config key '" + key.name + "' (--set " + key.name + "=bogus) must be one of " + listing +
+                  ", got 'bogus'");
+  }
+  EXPECT_EQ(enum_keys, 6);
+}
+
+TEST_F(ConfigTest, AValueOfTheWrongTypeInTrainConfigIsAnError) {
+  TrainConfig config;
+  config.values["data.source"] = std::string("synthetic");
+  config.values["train.lr"] = int64_t{1};
+  config.origins["train.lr"] = "code";
+  EXPECT_EQ(error_message([&] { FullTrainConfig{config}; }),
+            "config key 'train.lr' (code) holds another type than float");
 }
 
 TEST_F(ConfigTest, DefaultConfigFileResolvesItsDataPath) {

@@ -26,7 +26,7 @@ TrainingData::TrainingData(const FullTrainConfig& config, const Device& device, 
   description = all.description;
   checksum = data_checksum(all);
   DatasetSplit parts = split(all, config.val_fraction, static_cast<uint64_t>(config.seed));
-  normalization = fit_normalization(parts.train.features, parse_scaling(config.scaling));
+  normalization = fit_normalization(parts.train.features, config.scaling);
   const Dataset train = normalization.apply(parts.train);
   train_size = train.size();
   val_size = parts.val.size();
@@ -42,7 +42,7 @@ TrainingData::TrainingData(const FullTrainConfig& config, const Device& device, 
                  LoaderOptions(config.batch_size)
                      .shuffle(config.shuffle)
                      .drop_last(config.drop_last)
-                     .placement(parse_placement(config.placement))
+                     .placement(config.placement)
                      .prefetch(config.prefetch)
                      .seed(static_cast<uint64_t>(config.seed))
                      .rank(rank)

@@ -1,0 +1,38 @@
+#pragma once
+
+#include <dkit/core/enum_names.h>
+
+#include <string>
+
+namespace dkit {
+
+/// The optimizers dkit trains with (`train.optimizer`) and whose state its checkpoints save and restore.
+enum class OptimizerKind {
+  /// `torch::optim::SGD` with `train.momentum` and `train.weight_decay`.
+  kSgd,
+  /// `torch::optim::Adam` with `train.weight_decay` as L2 penalty.
+  kAdam,
+  /// `torch::optim::AdamW` with decoupled `train.weight_decay`.
+  kAdamW,
+};
+
+/// The name of each OptimizerKind, as `train.optimizer` spells it.
+inline constexpr EnumNames<OptimizerKind, 3> kOptimizerNames = {{
+    {OptimizerKind::kSgd, "sgd"},
+    {OptimizerKind::kAdam, "adam"},
+    {OptimizerKind::kAdamW, "adamw"},
+}};
+
+/// The LibTorch class of each OptimizerKind (`torch::optim::SGD`, ...), as checkpoint errors name it.
+inline constexpr EnumNames<OptimizerKind, 3> kOptimizerClassNames = {{
+    {OptimizerKind::kSgd, "SGD"},
+    {OptimizerKind::kAdam, "Adam"},
+    {OptimizerKind::kAdamW, "AdamW"},
+}};
+
+/// The name kOptimizerNames gives `kind`.
+inline std::string to_string(OptimizerKind kind) {
+  return std::string(name_of(kOptimizerNames, kind));
+}
+
+} // namespace dkit
