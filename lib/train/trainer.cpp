@@ -3,7 +3,6 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
-#include <dkit/core/json.h>
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
 #include <dkit/device/device.h>
@@ -15,6 +14,7 @@
 #include <dkit/train/optim.h>
 #include <dkit/train/step.h>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -768,21 +768,20 @@ void install_stop_handlers() {
 }
 
 std::string summary_to_json(const TrainSummary& s) {
-  JsonWriter json;
-  json.begin_object();
-  json.key("device").value(s.device);
-  json.key("steps").value(s.steps);
-  json.key("samples").value(s.samples);
-  json.key("train_seconds").value(s.train_seconds);
-  json.key("samples_per_second").value(s.samples_per_second);
-  json.key("final_loss").value(s.final_loss);
-  json.key("val_accuracy").value(s.val_accuracy);
-  json.key("peak_memory_bytes").value(s.peak_memory_bytes);
-  json.key("host_syncs").value(s.host_syncs);
-  json.key("stopped_by_signal").value(s.stopped_by_signal);
-  json.key("checkpoint").value(s.checkpoint);
-  json.end_object();
-  return json.str() + "\n";
+  const nlohmann::ordered_json json = {{"device", s.device},
+                                       {"steps", s.steps},
+                                       {"samples", s.samples},
+                                       {"train_seconds", s.train_seconds},
+                                       {"samples_per_second", s.samples_per_second},
+                                       {"final_loss", s.final_loss},
+                                       {"val_accuracy", s.val_accuracy},
+                                       {"peak_memory_bytes", s.peak_memory_bytes},
+                                       {"host_syncs", s.host_syncs},
+                                       {"stopped_by_signal", s.stopped_by_signal},
+                                       {"checkpoint", s.checkpoint}};
+  return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                   nlohmann::ordered_json::error_handler_t::replace) +
+         "\n";
 }
 
 } // namespace dkit
