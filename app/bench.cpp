@@ -51,8 +51,8 @@ int run_bench(Args args) {
   options.add_options()("python", "Python interpreter with torch for train's PyTorch side; 'none' to leave it out "
                                   "(default: /usr/bin/python3 when it exists, else python3)",
                         cxxopts::value<std::string>(), "PATH");
-  options.add_options()("python-script", "train's PyTorch script (default: bench/python/mlp_train.py of the "
-                                         "source tree)",
+  options.add_options()("python-script", "train's PyTorch script (default: mlp_train.py beside this program, "
+                                         "else share/dkit/mlp_train.py of its install)",
                         cxxopts::value<std::string>(), "FILE");
   options.add_options()("quick", "smaller default sizes and fewer steps: seconds instead of minutes");
   options.add_options()("json", "also write every result to FILE as JSON", cxxopts::value<std::string>(), "FILE");

@@ -5,11 +5,11 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
-#include <dkit/core/json.h>
 #include <dkit/data/dataset.h>
 #include <dkit/device/device.h>
 
 #include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -127,18 +127,18 @@ int run_inspect(Args args) {
   });
 
   if (result["json"].as<bool>()) {
-    JsonWriter json;
-    json.begin_object().key("format").value(format).key("file").value(path).key("archive").value(file.archive);
-    json.key("version").value(file.version).key("tensors").begin_array();
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (const auto& row : rows) {
-      json.begin_object().key("name").value(row.name).key("shape").begin_array();
-      for (const int64_t d : row.sizes) {
-        json.value(d);
-      }
-      json.end_array().key("dtype").value(row.dtype).key("device").value(row.device).end_object();
+      tensors.push_back({{"name", row.name}, {"shape", row.sizes}, {"dtype", row.dtype}, {"device", row.device}});
     }
-    json.end_array().end_object();
-    std::cout << json.str() << "\n";
+    const nlohmann::ordered_json json = {{"format", format},
+                                         {"file", path},
+                                         {"archive", file.archive},
+                                         {"version", file.version},
+                                         {"tensors", std::move(tensors)}};
+    std::cout << json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                           nlohmann::ordered_json::error_handler_t::replace)
+              << "\n";
     return 0;
   }
   std::cout << "format: " << format;

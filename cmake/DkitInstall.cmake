@@ -3,6 +3,7 @@
 #   P/lib/libdkit.a                    the library (libdkit.so with -DBUILD_SHARED_LIBS=ON)
 #   P/lib/cmake/dkit/dkitConfig.cmake, dkitConfigVersion.cmake, dkitTargets*.cmake: find_package(dkit)
 #   P/bin/dkit                         the command (app/CMakeLists.txt installs it)
+#   P/share/dkit/mlp_train.py          the PyTorch side of `dkit bench train` (bench/CMakeLists.txt installs it)
 # Components: dkit_runtime (the command, a shared library), dkit_development (everything else).
 #
 # The build tree is a package too: find_package(dkit) with -Ddkit_DIR=BUILD uses the library in place.

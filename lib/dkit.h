@@ -2,9 +2,6 @@
 
 /// The whole dkit library: `#include <dkit/dkit.h>`.
 
-#include <dkit/bench/suites.h>
-#include <dkit/bench/table.h>
-#include <dkit/bench/timing.h>
 #include <dkit/config.h>
 #include <dkit/checkpoint/optimizer_kind.h>
 #include <dkit/checkpoint/pickle.h>

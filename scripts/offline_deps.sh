@@ -3,8 +3,9 @@
 # with its LibTorch, CMake, a compiler and ninja, nothing else), from Debian packages downloaded elsewhere.
 #
 #   scripts/offline_deps.sh download DIR           # here (Debian): apt-get download of exactly the packages the build
-#                                                  # needs besides LibTorch (spdlog, fmt, cxxopts, yaml-cpp, zlib,
-#                                                  # GoogleTest) and the libraries they load, into DIR
+#                                                  # needs besides LibTorch (spdlog, fmt, cxxopts, yaml-cpp,
+#                                                  # nlohmann-json, zlib, GoogleTest) and the libraries they load,
+#                                                  # into DIR
 #   scripts/offline_deps.sh build DIR [BUILD]      # there: unpack DIR's packages with dpkg -x into DIR/prefix and
 #                                                  # configure and build dkit into BUILD (default build-offline)
 #                                                  # against the LibTorch of python3's torch
@@ -20,7 +21,7 @@ die() {
 }
 
 # The -dev packages the build needs besides LibTorch: scripts/setup.sh's list less the toolchain and LibTorch.
-dev_packages=(libspdlog-dev libcxxopts-dev libyaml-cpp-dev zlib1g-dev libgtest-dev)
+dev_packages=(libspdlog-dev libcxxopts-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libgtest-dev)
 # What every machine with a C++ toolchain has, and what the -dev packages pull in only for other uses.
 base='^(<.*>|libc6.*|libc-dev-bin|linux-libc-dev|gcc-.*|libgcc-s1|libstdc\+\+.*|libcrypt.*|libnsl.*|libtirpc.*|rpcsvc-proto|libssl.*|libk5crypto3|libkrb5.*|libgssapi-krb5-2|libkeyutils1|libcom-err2|catch2)$'
 

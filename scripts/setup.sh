@@ -12,6 +12,7 @@ set -euo pipefail
 packages=(
   cmake g++ make                      # the build
   libspdlog-dev libcxxopts-dev libyaml-cpp-dev
+  nlohmann-json3-dev                  # writes the JSON outputs, reads the benchmark's PyTorch results
   zlib1g-dev                          # reads the gzipped IDX files of MNIST and Fashion-MNIST
   libgtest-dev                        # GoogleTest, for the test suite
 )

@@ -20,6 +20,7 @@ the median run, and every run's seconds.
 """
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -141,8 +142,8 @@ def main():
             "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
             "ms_per_step": 1e3 * seconds / args.steps, "samples_per_second": samples / seconds,
             "runs_seconds": [run[0] for run in runs], "runs_samples": [run[1] for run in runs],
-            "mean_loss": loss,
-        }), flush=True)
+            "mean_loss": loss if math.isfinite(loss) else None,
+        }, allow_nan=False), flush=True)
 
 
 if __name__ == "__main__":

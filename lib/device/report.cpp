@@ -2,8 +2,8 @@
 
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
-#include <dkit/core/json.h>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <dlfcn.h>
@@ -379,54 +379,46 @@ std::string format_report(const DeviceReport& report) {
 }
 
 std::string report_to_json(const DeviceReport& report) {
-  JsonWriter json;
-  json.begin_object();
-  json.key("dkit_version").value(report.dkit_version);
-  json.key("torch_version").value(report.torch_version);
-  json.key("cuda_version").value(report.cuda_version);
-  json.key("cudnn_version").value(report.cudnn_version);
-  json.key("cuda_status").value(to_string(report.cuda_status));
-  json.key("cuda_reason").value(report.cuda_reason);
-  json.key("cpu").begin_object();
-  json.key("intra_op_threads").value(report.cpu_threads);
-  json.key("inter_op_threads").value(report.interop_threads);
-  json.key("cpus_available").value(report.cpus_available);
-  json.end_object();
-  json.key("blas").begin_object();
-  json.key("name").value(report.blas.name);
-  json.key("path").value(report.blas.path);
-  json.key("detail").value(report.blas.detail);
-  json.key("threading").value(report.blas.threading);
-  json.key("threads").value(report.blas.threads);
-  json.key("reference").value(report.blas.is_reference);
-  json.end_object();
-  json.key("capabilities").begin_object();
+  nlohmann::ordered_json capabilities = nlohmann::ordered_json::object();
   for (const auto& capability : report.capabilities) {
-    json.key(capability.name).value(capability.available);
+    capabilities[capability.name] = capability.available;
   }
-  json.end_object();
-  json.key("gpus").begin_array();
+  nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
   for (const auto& gpu_info : report.gpus) {
-    json.begin_object();
-    json.key("index").value(gpu_info.index);
-    json.key("name").value(gpu_info.name);
-    json.key("compute_capability").value(std::to_string(gpu_info.major) + "." + std::to_string(gpu_info.minor));
-    json.key("multiprocessors").value(gpu_info.multiprocessors);
-    json.key("total_memory_bytes").value(gpu_info.total_memory);
-    json.key("free_memory_bytes").value(gpu_info.free_memory);
-    json.key("allocated_bytes").value(gpu_info.process.allocated_bytes);
-    json.key("reserved_bytes").value(gpu_info.process.reserved_bytes);
-    json.key("peak_allocated_bytes").value(gpu_info.process.peak_allocated_bytes);
-    json.end_object();
+    gpus.push_back({{"index", gpu_info.index},
+                    {"name", gpu_info.name},
+                    {"compute_capability", std::to_string(gpu_info.major) + "." + std::to_string(gpu_info.minor)},
+                    {"multiprocessors", gpu_info.multiprocessors},
+                    {"total_memory_bytes", gpu_info.total_memory},
+                    {"free_memory_bytes", gpu_info.free_memory},
+                    {"allocated_bytes", gpu_info.process.allocated_bytes},
+                    {"reserved_bytes", gpu_info.process.reserved_bytes},
+                    {"peak_allocated_bytes", gpu_info.process.peak_allocated_bytes}});
   }
-  json.end_array();
-  json.key("warnings").begin_array();
-  for (const auto& warning : report.warnings) {
-    json.value(warning);
-  }
-  json.end_array();
-  json.end_object();
-  return json.str() + "\n";
+  const nlohmann::ordered_json json = {
+      {"dkit_version", report.dkit_version},
+      {"torch_version", report.torch_version},
+      {"cuda_version", report.cuda_version},
+      {"cudnn_version", report.cudnn_version},
+      {"cuda_status", to_string(report.cuda_status)},
+      {"cuda_reason", report.cuda_reason},
+      {"cpu",
+       {{"intra_op_threads", report.cpu_threads},
+        {"inter_op_threads", report.interop_threads},
+        {"cpus_available", report.cpus_available}}},
+      {"blas",
+       {{"name", report.blas.name},
+        {"path", report.blas.path},
+        {"detail", report.blas.detail},
+        {"threading", report.blas.threading},
+        {"threads", report.blas.threads},
+        {"reference", report.blas.is_reference}}},
+      {"capabilities", std::move(capabilities)},
+      {"gpus", std::move(gpus)},
+      {"warnings", report.warnings}};
+  return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                   nlohmann::ordered_json::error_handler_t::replace) +
+         "\n";
 }
 
 } // namespace dkit

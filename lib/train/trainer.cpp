@@ -3,7 +3,6 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
-#include <dkit/core/json.h>
 #include <dkit/device/device.h>
 #include <dkit/distributed/data_parallel.h>
 #include <dkit/distributed/gradient_reducer.h>
@@ -18,6 +17,7 @@
 #include <dkit/train/step.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -494,21 +494,20 @@ TrainSummary Trainer::run() {
 }
 
 std::string summary_to_json(const TrainSummary& s) {
-  JsonWriter json;
-  json.begin_object();
-  json.key("device").value(s.device);
-  json.key("steps").value(s.steps);
-  json.key("samples").value(s.samples);
-  json.key("train_seconds").value(s.train_seconds);
-  json.key("samples_per_second").value(s.samples_per_second);
-  json.key("final_loss").value(s.final_loss);
-  json.key("val_accuracy").value(s.val_accuracy);
-  json.key("peak_memory_bytes").value(s.peak_memory_bytes);
-  json.key("host_syncs").value(s.host_syncs);
-  json.key("stopped_by_signal").value(s.stopped_by_signal);
-  json.key("checkpoint").value(s.checkpoint);
-  json.end_object();
-  return json.str() + "\n";
+  const nlohmann::ordered_json json = {{"device", s.device},
+                                       {"steps", s.steps},
+                                       {"samples", s.samples},
+                                       {"train_seconds", s.train_seconds},
+                                       {"samples_per_second", s.samples_per_second},
+                                       {"final_loss", s.final_loss},
+                                       {"val_accuracy", s.val_accuracy},
+                                       {"peak_memory_bytes", s.peak_memory_bytes},
+                                       {"host_syncs", s.host_syncs},
+                                       {"stopped_by_signal", s.stopped_by_signal},
+                                       {"checkpoint", s.checkpoint}};
+  return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                   nlohmann::ordered_json::error_handler_t::replace) +
+         "\n";
 }
 
 } // namespace dkit

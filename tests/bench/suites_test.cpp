@@ -128,6 +128,21 @@ TEST_F(SuitesTest, TrainSaysWhyThePyTorchSideIsMissing) {
   EXPECT_NE(failing.notes.back().find("failed (exit status 1)"), std::string::npos) << failing.notes.back();
 }
 
+TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
+  test::TempDir dir;
+  const std::string script = dir.file("it's a \"script\" $HOME.py");
+  std::ofstream(script) << "\n";
+  const SuiteResult echoed = bench_train(
+      SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/echo").python_script(script));
+  const std::string prefix = "PyTorch comparison left out: /bin/echo " + script + " failed (exit status 0): " + script +
+                             " --data random:4096:64:10 --hidden 256,256 --batch 4 --steps ";
+  EXPECT_EQ(echoed.notes.back().rfind(prefix, 0), 0u) << echoed.notes.back();
+  const SuiteResult missing =
+      bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/nonexistent/python3"));
+  EXPECT_EQ(missing.notes.back(),
+            "PyTorch comparison left out: cannot run /nonexistent/python3: No such file or directory");
+}
+
 TEST_F(SuitesTest, TrainRunsPyTorchBesideDkitWhenThereIsAPythonWithTorch) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "no /usr/bin/python3 with torch";

@@ -2,7 +2,7 @@
 
 #include "../support.h"
 
-#include <dkit/core/json.h>
+#include <nlohmann/json.hpp>
 
 #include <limits>
 
@@ -41,13 +41,22 @@ TEST_F(TableTest, WritesCsvWithQuotingAndEmptyCells) {
 }
 
 TEST_F(TableTest, WritesJsonRowsAsObjects) {
-  JsonWriter json;
-  sample().write_json(json);
-  EXPECT_EQ(json.str(),
+  EXPECT_EQ(json_text(sample()),
             R"({"name":"t","columns":["device","n","median_ms","of_best"],"rows":[)"
             R"({"device":"cpu","n":50,"median_ms":0.0123456,"of_best":1},)"
             R"({"device":"cuda:0","n":8192,"median_ms":15234.7,"of_best":0.5},)"
             R"({"device":"a,b","n":null,"median_ms":2,"of_best":null}]})");
+}
+
+TEST_F(TableTest, WritesRealsInShortestRoundTripFormAndNonFiniteAsEmpty) {
+  ResultTable table("r", {{"text"}, {"a", ColumnKind::kReal}, {"b", ColumnKind::kReal}, {"c", ColumnKind::kReal},
+                          {"d", ColumnKind::kReal}, {"e", ColumnKind::kReal}, {"f", ColumnKind::kReal}});
+  table.add_row({std::string("a\"b\\c\nd\t\x01"), 0.1, 1.0 / 3.0, std::numeric_limits<double>::quiet_NaN(),
+                 std::numeric_limits<double>::infinity(), 1e-8, 1e15});
+  EXPECT_EQ(table.to_csv(), "text,a,b,c,d,e,f\n\"a\"\"b\\c\nd\t\x01\",0.1,0.3333333333333333,,,1e-08,1e+15\n");
+  EXPECT_EQ(json_text(table), R"({"name":"r","columns":["text","a","b","c","d","e","f"],"rows":[)"
+                              R"({"text":"a\"b\\c\nd\t\u0001","a":0.1,"b":0.3333333333333333,"c":null,"d":null,)"
+                              R"("e":1e-08,"f":1e+15}]})");
 }
 
 TEST_F(TableTest, EmptyTableHasHeaderAndRuleOnly) {
@@ -91,9 +100,7 @@ TEST_F(TableTest, SkippedResultRecordsWhyInEveryOutput) {
   EXPECT_FALSE(result.ran());
   EXPECT_EQ(format_result(result), "multi-gpu: skipped: needs 2 GPUs, found 0\n");
   EXPECT_EQ(result.table.to_csv(), "suite,status,reason\nmulti-gpu,skipped,\"needs 2 GPUs, found 0\"\n");
-  JsonWriter json;
-  write_json(json, result);
-  EXPECT_EQ(json.str(),
+  EXPECT_EQ(json_text(result),
             R"({"suite":"multi-gpu","status":"skipped","reason":"needs 2 GPUs, found 0","description":"",)"
             R"("summary":{},"notes":[],"table":{"name":"multi-gpu","columns":["suite","status","reason"],)"
             R"("rows":[{"suite":"multi-gpu","status":"skipped","reason":"needs 2 GPUs, found 0"}]}})");
@@ -108,11 +115,9 @@ TEST_F(TableTest, FormatsAResultWithItsDescriptionAndNotes) {
   result.summary.emplace_back("n", int64_t{3});
   EXPECT_TRUE(result.ran());
   EXPECT_EQ(format_result(result), "t: what was measured\n\nx\n-\n7\n\nnote one\n");
-  JsonWriter json;
-  write_json(json, result);
-  EXPECT_EQ(json.str(), R"({"suite":"t","status":"ok","reason":"","description":"what was measured",)"
-                        R"("summary":{"best":1.5,"n":3},"notes":["note one"],)"
-                        R"("table":{"name":"t","columns":["x"],"rows":[{"x":7}]}})");
+  EXPECT_EQ(json_text(result), R"({"suite":"t","status":"ok","reason":"","description":"what was measured",)"
+                               R"("summary":{"best":1.5,"n":3},"notes":["note one"],)"
+                               R"("table":{"name":"t","columns":["x"],"rows":[{"x":7}]}})");
 }
 
 } // namespace

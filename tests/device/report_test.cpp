@@ -187,6 +187,16 @@ TEST(DeviceReportTest, JsonReportCarriesTheSameFacts) {
   EXPECT_NE(json.find(R"("warnings":["careful"])"), std::string::npos);
 }
 
+TEST(DeviceReportTest, JsonReportEscapesTextAndReplacesBytesThatAreNotUtf8) {
+  DeviceReport report;
+  report.blas.path = "/opt/\xff/libblas.so";
+  report.warnings.push_back("a\"b\\c\nd\t\x01");
+  const std::string json = report_to_json(report);
+  EXPECT_NE(json.find("\"path\":\"/opt/\xEF\xBF\xBD/libblas.so\""), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("warnings":["a\"b\\c\nd\t\u0001"])"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("capabilities":{},"gpus":[])"), std::string::npos) << json;
+}
+
 TEST(DeviceReportTest, ListsGpus_CUDA) {
   const DeviceReport report = device_report();
   ASSERT_EQ(static_cast<int64_t>(report.gpus.size()), num_gpus());

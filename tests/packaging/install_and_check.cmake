@@ -1,9 +1,10 @@
 # Installs a build tree into a fresh PREFIX and checks the layout: every public header of lib/ (and the generated
 # config.h) under include/dkit in lib/'s folder layout and nothing else there, the library, the package files
-# (which must not mention build-only targets), and the program.
+# (which must not mention build-only targets), the program and the PyTorch script of its `train` benchmark.
 #
 #   cmake -DBUILD_DIR=... -DPREFIX=... -DCONFIG=... -DSOURCE_DIR=... -DLIBDIR=lib -DINCLUDEDIR=include
-#         -DCMAKEDIR=lib/cmake/dkit [-DPROGRAM=bin/dkit] -P install_and_check.cmake
+#         -DCMAKEDIR=lib/cmake/dkit [-DPROGRAM=bin/dkit] [-DBENCH_SCRIPT=share/dkit/mlp_train.py]
+#         -P install_and_check.cmake
 foreach(var BUILD_DIR PREFIX CONFIG SOURCE_DIR LIBDIR INCLUDEDIR CMAKEDIR)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "install_and_check: -D${var}=... is missing")
@@ -57,6 +58,9 @@ foreach(file IN LISTS target_files)
 endforeach()
 if(PROGRAM AND NOT EXISTS "${PREFIX}/${PROGRAM}")
   list(APPEND problems "missing ${PROGRAM}")
+endif()
+if(BENCH_SCRIPT AND NOT EXISTS "${PREFIX}/${BENCH_SCRIPT}")
+  list(APPEND problems "missing ${BENCH_SCRIPT}")
 endif()
 
 if(problems)

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -213,6 +214,22 @@ TEST_F(TrainerTest, RunFolderWhoseParentIsMissingIsAnError) {
   EXPECT_EQ(error_message([&] { train(small(), tmp_.file("missing/run")); }),
             "cannot create the run folder '" + tmp_.file("missing/run") + "': its parent '" + tmp_.file("missing") +
                 "' does not exist");
+}
+
+TEST_F(TrainerTest, SummaryJsonWritesShortestRoundTripNumbersAndNullForNonFinite) {
+  TrainSummary summary;
+  summary.device = "cpu";
+  summary.steps = 30;
+  summary.train_seconds = 0.1;
+  summary.samples_per_second = 1.0 / 3.0;
+  summary.final_loss = std::numeric_limits<double>::quiet_NaN();
+  summary.val_accuracy = std::numeric_limits<double>::infinity();
+  summary.checkpoint = "run/checkpoints/last.pt";
+  EXPECT_EQ(summary_to_json(summary),
+            R"({"device":"cpu","steps":30,"samples":0,"train_seconds":0.1,"samples_per_second":0.3333333333333333,)"
+            R"("final_loss":null,"val_accuracy":null,"peak_memory_bytes":0,"host_syncs":0,"stopped_by_signal":0,)"
+            R"("checkpoint":"run/checkpoints/last.pt"})"
+            "\n");
 }
 
 TEST_F(TrainerTest, AbsentDeviceIsAnErrorBeforeTraining) {

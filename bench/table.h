@@ -2,16 +2,14 @@
 
 #include <dkit/core/format.h>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-
-namespace dkit {
-class JsonWriter;
-} // namespace dkit
 
 namespace dkit::bench {
 
@@ -22,7 +20,7 @@ enum class ColumnKind {
   /// Whole numbers: right-aligned.
   kInteger,
   /// Measurements: right-aligned, shown with `digits` significant digits on the terminal and written in full
-  /// (shortest round-trip form) to CSV and JSON.
+  /// (shortest round-trip form; a whole number without a decimal point) to CSV and JSON.
   kReal,
 };
 
@@ -40,7 +38,7 @@ struct Column {
 using Cell = std::variant<std::monostate, std::string, int64_t, double>;
 
 /// A benchmark's results: named columns and rows of cells. Printed for people by format(), written for
-/// programs by to_csv() and write_json(); the CSV feeds bench/plot.
+/// programs by to_csv() and to_json(); the CSV feeds bench/plot.
 class ResultTable {
  public:
   /// An empty table; `columns` must have distinct names.
@@ -71,14 +69,17 @@ class ResultTable {
   std::string format() const;
   /// RFC 4180 CSV with a header line; lines end in `\n`.
   std::string to_csv() const;
-  /// Writes `{"name":..., "columns":[...], "rows":[{column: value, ...}, ...]}` as the next value.
-  void write_json(JsonWriter& json) const;
 
  private:
   std::string name_;
   std::vector<Column> columns_;
   std::vector<std::vector<Cell>> rows_;
 };
+
+/// Sets `json` to `{"name":..., "columns":[...], "rows":[{column: value, ...}, ...]}`: the conversion that
+/// `nlohmann::ordered_json json = table;` calls. Whole real numbers are written as integers, NaN, infinities and
+/// empty cells as null.
+void to_json(nlohmann::ordered_json& json, const ResultTable& table);
 
 /// `text` as one CSV field: quoted, with quotes doubled, when it holds a comma, a quote or a line break.
 std::string csv_field(std::string_view text);
@@ -115,7 +116,10 @@ struct SuiteResult {
 /// A suite's result for the terminal: the description, the table (or the reason it was skipped) and the notes.
 std::string format_result(const SuiteResult& result);
 
-/// Writes a result as a JSON object: suite, status, reason, description, summary, notes and the table.
-void write_json(JsonWriter& json, const SuiteResult& result);
+/// Sets `json` to a result's object: suite, status, reason, description, summary, notes and the table.
+void to_json(nlohmann::ordered_json& json, const SuiteResult& result);
+
+/// `json` as compact text, as every JSON output of `dkit bench` is written; bytes that are not UTF-8 become U+FFFD.
+std::string json_text(const nlohmann::ordered_json& json);
 
 } // namespace dkit::bench

@@ -10,16 +10,18 @@
 #include <dkit/train/optim.h>
 #include <dkit/train/step.h>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -153,52 +155,80 @@ struct PythonRun {
   std::string error;
 };
 
-std::string shell_quote(const std::string& text) {
-  std::string quoted = "'";
-  for (const char c : text) {
-    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+// What a child process wrote to its stdout and stderr, and how it ended; `error` says why it did not start.
+struct ChildOutput {
+  std::string text;
+  int status = 0;
+  std::string error;
+};
+
+// Runs `args` (args[0] looked up in the PATH as by execvp) with its stdout and stderr into one pipe, and waits
+// for it to end.
+ChildOutput run_child(const std::vector<std::string>& args) {
+  ChildOutput out;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    out.error = std::strerror(errno);
+    return out;
   }
-  return quoted + "'";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  std::vector<char*> argv;
+  for (const auto& arg : args) {
+    argv.push_back(const_cast<char*>(arg.c_str()));
+  }
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (spawned != 0) {
+    close(fds[0]);
+    out.error = std::strerror(spawned);
+    return out;
+  }
+  char buffer[4096];
+  for (;;) {
+    const ssize_t count = read(fds[0], buffer, sizeof(buffer));
+    if (count > 0) {
+      out.text.append(buffer, static_cast<size_t>(count));
+    } else if (count == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(fds[0]);
+  while (waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
+  }
+  return out;
 }
 
-// The value after `"key": ` in one line of flat JSON, as mlp_train.py prints it; empty when absent.
-std::string json_field(const std::string& line, const std::string& key) {
-  const std::string marker = "\"" + key + "\": ";
-  const size_t at = line.find(marker);
-  if (at == std::string::npos) {
-    return "";
+// One loop's result from a line that mlp_train.py prints ({"loop": ..., "steps": ..., "runs_seconds": [...], ...}),
+// or nothing when the line is not one.
+std::optional<PythonLoop> parse_loop(const std::string& line, std::string& torch_version) {
+  const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) {
+    return std::nullopt;
   }
-  size_t begin = at + marker.size();
-  if (begin < line.size() && line[begin] == '"') {
-    const size_t end = line.find('"', begin + 1);
-    return end == std::string::npos ? "" : line.substr(begin + 1, end - begin - 1);
+  try {
+    PythonLoop loop;
+    loop.loop = json.value("loop", "");
+    loop.steps = json.value("steps", int64_t{0});
+    auto runs = json.value("runs_seconds", std::vector<double>{});
+    if (runs.empty() || loop.steps <= 0) {
+      return std::nullopt;
+    }
+    for (double& seconds : runs) {
+      seconds /= static_cast<double>(loop.steps);
+    }
+    loop.per_step = summarize(runs);
+    loop.samples_per_second = json.value("samples_per_second", 0.0);
+    torch_version = json.value("torch", "");
+    return loop;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
   }
-  size_t end = begin;
-  int depth = 0;
-  while (end < line.size() && (depth > 0 || (line[end] != ',' && line[end] != '}'))) {
-    depth += line[end] == '[' ? 1 : line[end] == ']' ? -1 : 0;
-    ++end;
-  }
-  return line.substr(begin, end - begin);
-}
-
-double json_number(const std::string& line, const std::string& key) {
-  const std::string text = json_field(line, key);
-  return text.empty() ? 0.0 : std::strtod(text.c_str(), nullptr);
-}
-
-std::vector<double> json_numbers(const std::string& line, const std::string& key) {
-  std::string text = json_field(line, key);
-  std::vector<double> values;
-  if (text.size() < 2 || text.front() != '[') {
-    return values;
-  }
-  std::replace(text.begin(), text.end(), ',', ' ');
-  std::istringstream in(text.substr(1, text.size() - 2));
-  for (double value = 0; in >> value;) {
-    values.push_back(value);
-  }
-  return values;
 }
 
 std::string default_python() {
@@ -206,30 +236,33 @@ std::string default_python() {
 }
 
 std::string default_python_script() {
-  return std::string(DKIT_BENCH_SOURCE_DIR) + "/bench/python/mlp_train.py";
+  const std::filesystem::path installed = std::filesystem::path(DKIT_BENCH_SCRIPT_DIR_FROM_BIN) / "mlp_train.py";
+  std::error_code error;
+  const std::filesystem::path program = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) {
+    return installed.string();
+  }
+  const std::filesystem::path beside = program.parent_path() / "mlp_train.py";
+  if (std::filesystem::exists(beside, error)) {
+    return beside.string();
+  }
+  return (program.parent_path() / installed).lexically_normal().string();
 }
 
 PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
                      int64_t samples, int64_t steps, int64_t warmup, int64_t repeat) {
   PythonRun run;
-  const std::string command =
-      shell_quote(python) + " " + shell_quote(script) + " --data random:" + std::to_string(samples) + ":" +
-      std::to_string(kFeatures) + ":" + std::to_string(kClasses) + " --hidden 256,256 --batch " +
-      std::to_string(batch) + " --steps " + std::to_string(steps) + " --warmup " + std::to_string(warmup) +
-      " --repeat " + std::to_string(repeat) + " --threads " + std::to_string(at::get_num_threads()) +
-      " --device " + device.str() + " --loops slicing,dataloader 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    run.error = "cannot run " + python;
+  const ChildOutput child = run_child(
+      {python, script, "--data",
+       "random:" + std::to_string(samples) + ":" + std::to_string(kFeatures) + ":" + std::to_string(kClasses),
+       "--hidden", "256,256", "--batch", std::to_string(batch), "--steps", std::to_string(steps), "--warmup",
+       std::to_string(warmup), "--repeat", std::to_string(repeat), "--threads", std::to_string(at::get_num_threads()),
+       "--device", device.str(), "--loops", "slicing,dataloader"});
+  if (!child.error.empty()) {
+    run.error = "cannot run " + python + ": " + child.error;
     return run;
   }
-  std::string output;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-    output += buffer;
-  }
-  const int status = pclose(pipe);
-  std::istringstream lines(output);
+  std::istringstream lines(child.text);
   std::string last_other;
   for (std::string line; std::getline(lines, line);) {
     if (line.rfind("{", 0) != 0) {
@@ -238,21 +271,11 @@ PythonRun run_python(const std::string& python, const std::string& script, const
       }
       continue;
     }
-    PythonLoop loop;
-    loop.loop = json_field(line, "loop");
-    loop.steps = static_cast<int64_t>(json_number(line, "steps"));
-    std::vector<double> runs = json_numbers(line, "runs_seconds");
-    if (runs.empty() || loop.steps <= 0) {
-      continue;
+    if (auto loop = parse_loop(line, run.torch_version)) {
+      run.loops.push_back(std::move(*loop));
     }
-    for (double& seconds : runs) {
-      seconds /= static_cast<double>(loop.steps);
-    }
-    loop.per_step = summarize(runs);
-    loop.samples_per_second = json_number(line, "samples_per_second");
-    run.torch_version = json_field(line, "torch");
-    run.loops.push_back(loop);
   }
+  const int status = child.status;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || run.loops.empty()) {
     run.error = python + " " + script + " failed" +
                 (WIFEXITED(status) ? " (exit status " + std::to_string(WEXITSTATUS(status)) + ")" : "") +

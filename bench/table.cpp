@@ -1,13 +1,12 @@
 #include <dkit/bench/table.h>
 
 #include <dkit/core/error.h>
-#include <dkit/core/json.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <set>
-#include <sstream>
 
 namespace dkit::bench {
 namespace {
@@ -33,13 +32,23 @@ bool fits(const Cell& cell, ColumnKind kind) {
   return false;
 }
 
-std::string real_text(double value) {
-  if (!std::isfinite(value)) {
-    return "";
+// Whole numbers below 1e15 are written as integers (`2`, not `2.0`).
+bool is_whole(double value) {
+  return std::isfinite(value) && std::trunc(value) == value && std::fabs(value) < 1e15;
+}
+
+nlohmann::ordered_json real_json(double value) {
+  if (is_whole(value)) {
+    return static_cast<int64_t>(value);
   }
-  JsonWriter json;
-  json.value(value);
-  return json.str();
+  return value;
+}
+
+std::string real_text(double value) {
+  if (is_whole(value)) {
+    return std::to_string(static_cast<int64_t>(value));
+  }
+  return std::isfinite(value) ? format_number(value) : "";
 }
 
 std::string terminal_text(const Cell& cell, const Column& column) {
@@ -69,16 +78,17 @@ std::string csv_text(const Cell& cell) {
   return "";
 }
 
-void write_cell(JsonWriter& json, const Cell& cell) {
+nlohmann::ordered_json cell_json(const Cell& cell) {
   if (const auto* text = std::get_if<std::string>(&cell)) {
-    json.value(*text);
-  } else if (const auto* whole = std::get_if<int64_t>(&cell)) {
-    json.value(*whole);
-  } else if (const auto* real = std::get_if<double>(&cell)) {
-    json.value(*real);
-  } else {
-    json.null();
+    return *text;
   }
+  if (const auto* whole = std::get_if<int64_t>(&cell)) {
+    return *whole;
+  }
+  if (const auto* real = std::get_if<double>(&cell)) {
+    return real_json(*real);
+  }
+  return nullptr;
 }
 
 void pad(std::string& line, const std::string& text, size_t width, bool right) {
@@ -179,25 +189,20 @@ std::string ResultTable::to_csv() const {
   return out;
 }
 
-void ResultTable::write_json(JsonWriter& json) const {
-  json.begin_object();
-  json.key("name").value(name_);
-  json.key("columns").begin_array();
-  for (const auto& column : columns_) {
-    json.value(column.name);
+void to_json(nlohmann::ordered_json& json, const ResultTable& table) {
+  nlohmann::ordered_json columns = nlohmann::ordered_json::array();
+  for (const auto& column : table.columns()) {
+    columns.push_back(column.name);
   }
-  json.end_array();
-  json.key("rows").begin_array();
-  for (const auto& row : rows_) {
-    json.begin_object();
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& row : table.rows()) {
+    nlohmann::ordered_json cells = nlohmann::ordered_json::object();
     for (size_t i = 0; i < row.size(); ++i) {
-      json.key(columns_[i].name);
-      write_cell(json, row[i]);
+      cells[table.columns()[i].name] = cell_json(row[i]);
     }
-    json.end_object();
+    rows.push_back(std::move(cells));
   }
-  json.end_array();
-  json.end_object();
+  json = {{"name", table.name()}, {"columns", std::move(columns)}, {"rows", std::move(rows)}};
 }
 
 std::string csv_field(std::string_view text) {
@@ -241,26 +246,23 @@ std::string format_result(const SuiteResult& result) {
   return out;
 }
 
-void write_json(JsonWriter& json, const SuiteResult& result) {
-  json.begin_object();
-  json.key("suite").value(result.suite);
-  json.key("status").value(result.status);
-  json.key("reason").value(result.reason);
-  json.key("description").value(result.description);
-  json.key("summary").begin_object();
+void to_json(nlohmann::ordered_json& json, const SuiteResult& result) {
+  nlohmann::ordered_json summary = nlohmann::ordered_json::object();
   for (const auto& [name, value] : result.summary) {
-    json.key(name);
-    write_cell(json, value);
+    summary[name] = cell_json(value);
   }
-  json.end_object();
-  json.key("notes").begin_array();
-  for (const auto& note : result.notes) {
-    json.value(note);
-  }
-  json.end_array();
-  json.key("table");
-  result.table.write_json(json);
-  json.end_object();
+  json = {{"suite", result.suite},
+          {"status", result.status},
+          {"reason", result.reason},
+          {"description", result.description},
+          {"summary", std::move(summary)},
+          {"notes", result.notes},
+          {"table", result.table}};
+}
+
+std::string json_text(const nlohmann::ordered_json& json) {
+  return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                   nlohmann::ordered_json::error_handler_t::replace);
 }
 
 } // namespace dkit::bench

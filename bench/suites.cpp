@@ -3,10 +3,10 @@
 #include <dkit/bench/timing.h>
 #include <dkit/config.h>
 #include <dkit/core/error.h>
-#include <dkit/core/json.h>
 #include <dkit/device/report.h>
 #include <dkit/metrics/metrics.h>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -405,30 +405,23 @@ SuiteResult bench_logging(const SuiteOptions& options) {
 
 std::string results_to_json(const std::vector<SuiteResult>& results) {
   const DeviceReport report = device_report();
-  JsonWriter json;
-  json.begin_object();
-  json.key("dkit_version").value(DKIT_VERSION);
-  json.key("torch_version").value(report.torch_version);
-  json.key("date").value(utc_now());
-  json.key("machine").begin_object();
-  json.key("cpu_threads").value(report.cpu_threads);
-  json.key("cpus_available").value(report.cpus_available);
-  json.key("blas").value(report.blas.name);
-  json.key("blas_threading").value(report.blas.threading);
-  json.key("cuda_status").value(to_string(report.cuda_status));
-  json.key("gpus").begin_array();
+  nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
   for (const auto& gpu_info : report.gpus) {
-    json.value(gpu(gpu_info.index).str() + " " + gpu_info.name);
+    gpus.push_back(gpu(gpu_info.index).str() + " " + gpu_info.name);
   }
-  json.end_array();
-  json.end_object();
-  json.key("suites").begin_array();
-  for (const auto& result : results) {
-    write_json(json, result);
-  }
-  json.end_array();
-  json.end_object();
-  return json.str() + "\n";
+  const nlohmann::ordered_json json = {
+      {"dkit_version", DKIT_VERSION},
+      {"torch_version", report.torch_version},
+      {"date", utc_now()},
+      {"machine",
+       {{"cpu_threads", report.cpu_threads},
+        {"cpus_available", report.cpus_available},
+        {"blas", report.blas.name},
+        {"blas_threading", report.blas.threading},
+        {"cuda_status", to_string(report.cuda_status)},
+        {"gpus", std::move(gpus)}}},
+      {"suites", results}};
+  return json_text(json) + "\n";
 }
 
 std::vector<std::pair<std::string, std::string>> csv_outputs(const std::string& path,

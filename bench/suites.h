@@ -35,7 +35,8 @@ struct SuiteOptions {
   /// Python interpreter for the `train` suite's PyTorch side (bench/python/mlp_train.py); empty for
   /// `/usr/bin/python3` when it exists, else `python3` from the PATH; `none` to leave PyTorch out.
   TORCH_ARG(std::string, python) = "";
-  /// The `train` suite's Python script; empty for bench/python/mlp_train.py in the source tree dkit was built from.
+  /// The `train` suite's Python script; empty for `mlp_train.py` beside the running program (where the build copies
+  /// bench/python/mlp_train.py), else `../share/dkit/mlp_train.py` relative to it (where `cmake --install` puts it).
   TORCH_ARG(std::string, python_script) = "";
   /// Called with a line as each case starts, so that a long run shows progress; empty for silence.
   TORCH_ARG(std::function<void(const std::string&)>, progress) = nullptr;
