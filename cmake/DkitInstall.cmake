@@ -25,6 +25,9 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/lib/"
   FILES_MATCHING
   PATTERN "*.h"
   PATTERN "pch.h" EXCLUDE
+  # Internal headers: the library's own sources and the tests use them, projects that use dkit do not.
+  PATTERN "detail" EXCLUDE
+  PATTERN "compat.h" EXCLUDE
 )
 get_directory_property(_dkit_generated_root DIRECTORY "${PROJECT_SOURCE_DIR}/lib" DEFINITION DKIT_GENERATED_ROOT)
 install(FILES "${_dkit_generated_root}/dkit/config.h"

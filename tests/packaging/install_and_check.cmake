@@ -1,5 +1,6 @@
 # Installs a build tree into a fresh PREFIX and checks the layout: every public header of lib/ (and the generated
-# config.h) under include/dkit in lib/'s folder layout and nothing else there, the library, the package files
+# config.h) under include/dkit in lib/'s folder layout and nothing else there (no internal header: those under a
+# detail/ folder, and core/compat.h), every dkit header an installed header includes installed too, the library, the package files
 # (which must not mention build-only targets), the program and the PyTorch script of its `train` benchmark.
 #
 #   cmake -DBUILD_DIR=... -DPREFIX=... -DCONFIG=... -DSOURCE_DIR=... -DLIBDIR=lib -DINCLUDEDIR=include
@@ -21,7 +22,8 @@ endif()
 set(problems "")
 set(include_root "${PREFIX}/${INCLUDEDIR}/dkit")
 file(GLOB_RECURSE headers RELATIVE "${SOURCE_DIR}/lib" "${SOURCE_DIR}/lib/*.h")
-list(REMOVE_ITEM headers pch.h)
+list(REMOVE_ITEM headers pch.h core/compat.h)
+list(FILTER headers EXCLUDE REGEX "(^|/)detail/")
 if(NOT headers)
   list(APPEND problems "no headers found under ${SOURCE_DIR}/lib")
 endif()
@@ -32,9 +34,17 @@ foreach(header IN LISTS headers ITEMS config.h)
 endforeach()
 file(GLOB_RECURSE installed RELATIVE "${include_root}" "${include_root}/*")
 foreach(file IN LISTS installed)
-  if(NOT file MATCHES "\\.h$" OR file STREQUAL "pch.h")
+  if(NOT file MATCHES "\\.h$" OR file STREQUAL "pch.h" OR file STREQUAL "core/compat.h" OR file MATCHES "(^|/)detail/")
     list(APPEND problems "${INCLUDEDIR}/dkit/${file} should not be installed (only public headers are)")
+    continue()
   endif()
+  file(STRINGS "${include_root}/${file}" includes REGEX "^#include <dkit/")
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^#include <dkit/([^>]+)>.*" "\\1" included "${line}")
+    if(NOT EXISTS "${include_root}/${included}")
+      list(APPEND problems "${INCLUDEDIR}/dkit/${file} includes dkit/${included}, which is not installed")
+    endif()
+  endforeach()
 endforeach()
 
 file(GLOB libraries "${PREFIX}/${LIBDIR}/libdkit.*")
