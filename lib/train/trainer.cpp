@@ -377,6 +377,55 @@ struct Trainer::Impl {
     }
   }
 
+  void take_step(const Batch& batch, std::optional<TrainStep>& written_out, MetricBuffer& metrics) {
+    if (written_out) {
+      const StepOutput out = written_out->run(batch.features, batch.labels, batch.global_samples);
+      metrics.add({out.loss_sum, out.correct});
+    } else {
+      for (auto& param : model->parameters()) {
+        param.mutable_grad() = at::Tensor();
+      }
+      const auto logits = data_parallel_devices.empty()
+                              ? model->forward(batch.features)
+                              : data_parallel_forward(model, batch.features, data_parallel_devices);
+      const auto loss_sum = torch::nn::functional::cross_entropy(
+          logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      (loss_sum / static_cast<double>(batch.global_samples)).backward();
+      if (reducer) {
+        reducer->synchronize();
+      }
+      optimizer->step();
+      metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch.labels).sum()});
+    }
+    ++step;
+    ++epoch_step;
+    window_samples += batch.global_samples;
+    window_local_samples += batch.size();
+    summary.samples += batch.global_samples;
+  }
+
+  /// Flushes, checks for a stop and saves as the policy says; true when the run ends here.
+  bool end_step(const detail::CheckpointPolicy& policy, MetricBuffer& metrics) {
+    const detail::StepPlan plan = policy.after_step(step, metrics.full());
+    int stop = plan.flush ? flush_metrics(metrics) : 0;
+    if (plan.poll_stop) {
+      stop = stop_requested();
+    }
+    if (plan.save || stop != 0) {
+      flush_metrics(metrics);
+      train_clock.stop();
+      save_checkpoint();
+      if (stop != 0) {
+        summary.stopped_by_signal = stop;
+        run->log(LogLevel::kWarning,
+                 fmt::format("stopped by signal {} after step {}; checkpoint {}", stop, step, summary.checkpoint));
+        return true;
+      }
+      train_clock.start();
+    }
+    return plan.last;
+  }
+
   TrainSummary train() {
     start();
     reset_peak_memory_stats(device);
@@ -384,11 +433,9 @@ struct Trainer::Impl {
     const detail::CheckpointPolicy policy(config.checkpoint_every, total_steps, /*collective=*/group != nullptr);
     MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
     const int64_t syncs_before = host_sync_count();
-    const auto sum_options = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
-    const bool data_parallel = !data_parallel_devices.empty();
-    std::optional<TrainStep> train_step;
-    if (!reducer && !data_parallel) {
-      train_step.emplace(model, *optimizer);
+    std::optional<TrainStep> written_out;
+    if (!reducer && data_parallel_devices.empty()) {
+      written_out.emplace(model, *optimizer);
     }
     int64_t last_validated_step = -1;
     bool finished = step >= total_steps;
@@ -398,47 +445,8 @@ struct Trainer::Impl {
     while (!finished && epoch < config.epochs) {
       loader.start_epoch(epoch, epoch_step);
       while (auto batch = loader.next()) {
-        if (train_step) {
-          const StepOutput out = train_step->run(batch->features, batch->labels, batch->global_samples);
-          metrics.add({out.loss_sum, out.correct});
-        } else {
-          for (auto& param : model->parameters()) {
-            param.mutable_grad() = at::Tensor();
-          }
-          const auto logits = data_parallel ? data_parallel_forward(model, batch->features, data_parallel_devices)
-                                            : model->forward(batch->features);
-          const auto loss_sum = torch::nn::functional::cross_entropy(logits, batch->labels, sum_options);
-          (loss_sum / static_cast<double>(batch->global_samples)).backward();
-          if (reducer) {
-            reducer->synchronize();
-          }
-          optimizer->step();
-          metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch->labels).sum()});
-        }
-        ++step;
-        ++epoch_step;
-        window_samples += batch->global_samples;
-        window_local_samples += batch->size();
-        summary.samples += batch->global_samples;
-        const detail::StepPlan plan = policy.after_step(step, metrics.full());
-        int stop = plan.flush ? flush_metrics(metrics) : 0;
-        if (plan.poll_stop) {
-          stop = stop_requested();
-        }
-        if (plan.save || stop != 0) {
-          flush_metrics(metrics);
-          train_clock.stop();
-          save_checkpoint();
-          if (stop != 0) {
-            summary.stopped_by_signal = stop;
-            run->log(LogLevel::kWarning, fmt::format("stopped by signal {} after step {}; checkpoint {}", stop, step,
-                                                     summary.checkpoint));
-            finished = true;
-            break;
-          }
-          train_clock.start();
-        }
-        if (plan.last) {
+        take_step(*batch, written_out, metrics);
+        if (end_step(policy, metrics)) {
           finished = true;
           break;
         }
