@@ -25,7 +25,7 @@ AdamConstants constants(int mode) {
   return c;
 }
 
-// The baseline build's vectors are scalar code lane by lane; every wider build this CPU runs must update bitwise
+// The baseline build is a scalar loop; every wider build this CPU runs must update bitwise
 // as it does, over ranges that start and end in the middle of a vector.
 TEST(AdamKernelTest, EveryBuildUpdatesBitwiseAsTheBaseline) {
   const auto builds = detail::adam_kernel_builds();
