@@ -1,6 +1,7 @@
 #include <dkit/train/optim.h>
 
 #include <dkit/core/compat.h>
+#include <dkit/train/detail/adam_kernel.h>
 
 #include <torch/torch.h>
 
@@ -11,201 +12,29 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define DKIT_FUSED_ADAM_AVX2 1
-#else
-#define DKIT_FUSED_ADAM_AVX2 0
-#endif
-
-// This file is compiled with -ffp-contract=off (lib/train/CMakeLists.txt): every fused multiply-add below is
-// written out, so that the rounding is the one LibTorch's kernels use and not the compiler's choice.
-
 namespace dkit {
 namespace {
 
-struct Constants {
-  float beta1 = 0;
-  float one_minus_beta1 = 0;
-  float beta2 = 0;
-  float one_minus_beta2 = 0;
-  float bias_correction2_sqrt = 1;
-  float eps = 0;
-  float neg_step_size = 0;
-  bool l2 = false;
-  float weight_decay = 0;
-  bool decoupled = false;
-  float decay = 1;
-};
+using detail::AdamConstants;
+using detail::AdamSlot;
 
-struct Slot {
-  float* param;
-  const float* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
-  int64_t numel;
-  Constants constants;
-};
-
-template <bool kFma>
-inline float multiply_add(float a, float b, float c) {
-  if constexpr (kFma) {
-    return std::fma(a, b, c);
-  } else {
-    return a * b + c;
-  }
-}
-
-template <bool kFma>
-inline void update_elements(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
-                            const Constants& c) {
-  for (int64_t i = begin; i < end; ++i) {
-    float param = p[i];
-    if (c.decoupled) {
-      param = param * c.decay;
-    }
-    float grad = g[i];
-    if (c.l2) {
-      grad = multiply_add<kFma>(param, c.weight_decay, grad);
-    }
-    const float exp_avg = multiply_add<kFma>(grad, c.one_minus_beta1, m[i] * c.beta1);
-    const float exp_avg_sq = multiply_add<kFma>(c.one_minus_beta2 * grad, grad, v[i] * c.beta2);
-    const float denom = std::sqrt(exp_avg_sq) / c.bias_correction2_sqrt + c.eps;
-    p[i] = param + c.neg_step_size * exp_avg / denom;
-    m[i] = exp_avg;
-    v[i] = exp_avg_sq;
-  }
-}
-
-#if DKIT_FUSED_ADAM_AVX2
-template <bool kFma>
-__attribute__((target("avx2,fma"))) inline __m256 multiply_add8(__m256 a, __m256 b, __m256 c) {
-  if constexpr (kFma) {
-    return _mm256_fmadd_ps(a, b, c);
-  } else {
-    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
-  }
-}
-
-template <bool kFma>
-__attribute__((target("avx2,fma"))) void update_avx2(const Slot& s, int64_t begin, int64_t end) {
-  const Constants& c = s.constants;
-  const __m256 beta1 = _mm256_set1_ps(c.beta1);
-  const __m256 one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
-  const __m256 beta2 = _mm256_set1_ps(c.beta2);
-  const __m256 one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
-  const __m256 bias_correction2_sqrt = _mm256_set1_ps(c.bias_correction2_sqrt);
-  const __m256 eps = _mm256_set1_ps(c.eps);
-  const __m256 neg_step_size = _mm256_set1_ps(c.neg_step_size);
-  const __m256 weight_decay = _mm256_set1_ps(c.weight_decay);
-  const __m256 decay = _mm256_set1_ps(c.decay);
-  int64_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    __m256 param = _mm256_loadu_ps(s.param + i);
-    if (c.decoupled) {
-      param = _mm256_mul_ps(param, decay);
-    }
-    __m256 grad = _mm256_loadu_ps(s.grad + i);
-    if (c.l2) {
-      grad = multiply_add8<kFma>(param, weight_decay, grad);
-    }
-    const __m256 exp_avg =
-        multiply_add8<kFma>(grad, one_minus_beta1, _mm256_mul_ps(_mm256_loadu_ps(s.exp_avg + i), beta1));
-    const __m256 exp_avg_sq = multiply_add8<kFma>(_mm256_mul_ps(one_minus_beta2, grad), grad,
-                                                  _mm256_mul_ps(_mm256_loadu_ps(s.exp_avg_sq + i), beta2));
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(exp_avg_sq), bias_correction2_sqrt), eps);
-    param = _mm256_add_ps(param, _mm256_div_ps(_mm256_mul_ps(neg_step_size, exp_avg), denom));
-    _mm256_storeu_ps(s.param + i, param);
-    _mm256_storeu_ps(s.exp_avg + i, exp_avg);
-    _mm256_storeu_ps(s.exp_avg_sq + i, exp_avg_sq);
-  }
-  update_elements<kFma>(s.param, s.grad, s.exp_avg, s.exp_avg_sq, i, end, c);
-}
-
-template <bool kFma>
-__attribute__((target("avx512f"))) inline __m512 multiply_add16(__m512 a, __m512 b, __m512 c) {
-  if constexpr (kFma) {
-    return _mm512_fmadd_ps(a, b, c);
-  } else {
-    return _mm512_add_ps(_mm512_mul_ps(a, b), c);
-  }
-}
-
-template <bool kFma>
-__attribute__((target("avx512f"))) void update_avx512(const Slot& s, int64_t begin, int64_t end) {
-  const Constants& c = s.constants;
-  const __m512 beta1 = _mm512_set1_ps(c.beta1);
-  const __m512 one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
-  const __m512 beta2 = _mm512_set1_ps(c.beta2);
-  const __m512 one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
-  const __m512 bias_correction2_sqrt = _mm512_set1_ps(c.bias_correction2_sqrt);
-  const __m512 eps = _mm512_set1_ps(c.eps);
-  const __m512 neg_step_size = _mm512_set1_ps(c.neg_step_size);
-  const __m512 weight_decay = _mm512_set1_ps(c.weight_decay);
-  const __m512 decay = _mm512_set1_ps(c.decay);
-  int64_t i = begin;
-  for (; i + 16 <= end; i += 16) {
-    __m512 param = _mm512_loadu_ps(s.param + i);
-    if (c.decoupled) {
-      param = _mm512_mul_ps(param, decay);
-    }
-    __m512 grad = _mm512_loadu_ps(s.grad + i);
-    if (c.l2) {
-      grad = multiply_add16<kFma>(param, weight_decay, grad);
-    }
-    const __m512 exp_avg =
-        multiply_add16<kFma>(grad, one_minus_beta1, _mm512_mul_ps(_mm512_loadu_ps(s.exp_avg + i), beta1));
-    const __m512 exp_avg_sq = multiply_add16<kFma>(_mm512_mul_ps(one_minus_beta2, grad), grad,
-                                                   _mm512_mul_ps(_mm512_loadu_ps(s.exp_avg_sq + i), beta2));
-    // The masked form, with every lane set, is _mm512_sqrt_ps without GCC 12's false uninitialized warning.
-    const __m512 root = _mm512_maskz_sqrt_ps(static_cast<__mmask16>(0xFFFF), exp_avg_sq);
-    const __m512 denom = _mm512_add_ps(_mm512_div_ps(root, bias_correction2_sqrt), eps);
-    param = _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(neg_step_size, exp_avg), denom));
-    _mm512_storeu_ps(s.param + i, param);
-    _mm512_storeu_ps(s.exp_avg + i, exp_avg);
-    _mm512_storeu_ps(s.exp_avg_sq + i, exp_avg_sq);
-  }
-  update_avx2<kFma>(s, i, end);
-}
-
-bool has_avx512() {
-  static const bool available = __builtin_cpu_supports("avx512f");
-  return available;
-}
-
-bool has_avx2() {
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return available;
-}
-#endif
-
-template <bool kFma>
-void update_range(const Slot& s, int64_t begin, int64_t end) {
-#if DKIT_FUSED_ADAM_AVX2
-  if (has_avx512() && has_avx2()) {
-    update_avx512<kFma>(s, begin, end);
-    return;
-  }
-  if (has_avx2()) {
-    update_avx2<kFma>(s, begin, end);
-    return;
-  }
-#endif
-  update_elements<kFma>(s.param, s.grad, s.exp_avg, s.exp_avg_sq, begin, end, s.constants);
+void update_range(const AdamSlot& s, int64_t begin, int64_t end, bool fma) {
+  static const auto update = detail::adam_kernel_builds().back().update;
+  update(s, begin, end, fma);
 }
 
 // Splits the parameters into blocks so that one parallel_for covers them all: large parameters are shared between
 // LibTorch's intra-op threads as its own element-wise kernels share them, small ones cost no thread hand-off.
-void run_slots(const std::vector<Slot>& slots, FusedAdamKernel kernel) {
+void run_slots(const std::vector<AdamSlot>& slots, FusedAdamKernel kernel) {
   constexpr int64_t kBlock = 8192;
   struct Block {
-    const Slot* slot;
+    const AdamSlot* slot;
     int64_t begin;
     int64_t end;
   };
   std::vector<Block> blocks;
   int64_t total = 0;
-  for (const Slot& slot : slots) {
+  for (const AdamSlot& slot : slots) {
     for (int64_t begin = 0; begin < slot.numel; begin += kBlock) {
       blocks.push_back({&slot, begin, std::min(slot.numel, begin + kBlock)});
     }
@@ -215,11 +44,7 @@ void run_slots(const std::vector<Slot>& slots, FusedAdamKernel kernel) {
   auto run = [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
       const Block& block = blocks[static_cast<size_t>(b)];
-      if (fma) {
-        update_range<true>(*block.slot, block.begin, block.end);
-      } else {
-        update_range<false>(*block.slot, block.begin, block.end);
-      }
+      update_range(*block.slot, block.begin, block.end, fma);
     }
   };
   const auto count = static_cast<int64_t>(blocks.size());
@@ -237,12 +62,12 @@ bool eligible(const at::Tensor& tensor, const at::Tensor& like) {
 }
 
 template <typename Options>
-Constants constants_for(const Options& options, int64_t step, bool decoupled) {
+AdamConstants constants_for(const Options& options, int64_t step, bool decoupled) {
   const double beta1 = std::get<0>(options.betas());
   const double beta2 = std::get<1>(options.betas());
   const double bias_correction1 = 1 - std::pow(beta1, step);
   const double bias_correction2 = 1 - std::pow(beta2, step);
-  Constants c;
+  AdamConstants c;
   c.beta1 = static_cast<float>(beta1);
   c.one_minus_beta1 = static_cast<float>(1 - beta1);
   c.beta2 = static_cast<float>(beta2);
@@ -290,7 +115,7 @@ bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap
       }
     }
   }
-  std::vector<Slot> slots;
+  std::vector<AdamSlot> slots;
   for (auto& group : groups) {
     const auto& options = static_cast<const Options&>(group.options());
     for (auto& p : group.params()) {
@@ -337,7 +162,7 @@ bool kernel_matches(FusedAdamKernel kernel, const Options& options, bool decoupl
     const at::Tensor grad = probe_values(kSize, 0.11 * static_cast<double>(step), 0.1, 0.3);
     reference.mutable_grad() = grad.clone();
     optimizer.step();
-    std::vector<Slot> slot = {{mine.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+    std::vector<AdamSlot> slot = {{mine.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
                                exp_avg_sq.data_ptr<float>(), kSize, constants_for(options, step, decoupled)}};
     run_slots(slot, kernel);
   }
@@ -362,6 +187,24 @@ FusedAdamKernel probe_kernel() {
 }
 
 } // namespace
+
+namespace detail {
+
+std::vector<AdamKernelBuild> adam_kernel_builds() {
+  std::vector<AdamKernelBuild> builds = {{"default", &DEFAULT::adam_update}};
+#if DKIT_ADAM_KERNEL_AVX
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    builds.push_back({"avx2", &AVX2::adam_update});
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      builds.push_back({"avx512", &AVX512::adam_update});
+    }
+  }
+#endif
+  return builds;
+}
+
+} // namespace detail
 
 FusedAdamKernel fused_adam_kernel() {
   static const FusedAdamKernel kernel = probe_kernel();
