@@ -4,6 +4,7 @@
 #include <dkit/train/trainer.h>
 
 #include "../support.h"
+#include "small_run.h"
 
 #include <ATen/Parallel.h>
 
@@ -15,19 +16,11 @@ namespace dkit {
 namespace {
 
 using test::error_message;
+using test::small_run;
 namespace fs = std::filesystem;
 
 class TrainerPartsTest : public test::SeedingFixture {
  protected:
-  static FullTrainConfig small(const std::vector<std::string>& overrides = {}) {
-    std::vector<std::string> all = {"device=cpu",        "threads=1",       "data.source=synthetic",
-                                    "data.samples=200",  "data.features=8", "data.classes=3",
-                                    "model.hidden=[16]", "train.epochs=3",  "train.batch_size=16",
-                                    "train.log_every=5", "train.lr=0.01",   "train.checkpoint_every=0"};
-    all.insert(all.end(), overrides.begin(), overrides.end());
-    return FullTrainConfig(parse_config("", "test", ".", all));
-  }
-
   static std::string read(const std::string& path) {
     std::ifstream in(path);
     std::stringstream text;
@@ -128,7 +121,7 @@ TEST_F(TrainerPartsTest, TheCallerSeesEveryFlushAndEveryHeadline) {
           headlines.push_back(line.text);
         }
       });
-  Trainer(small(), std::move(options)).run();
+  Trainer(small_run(), std::move(options)).run();
   ASSERT_EQ(updates.size(), 6u) << "30 steps flushed every 5";
   for (size_t i = 0; i < updates.size(); ++i) {
     EXPECT_EQ(updates[i].step, 5 * static_cast<int64_t>(i + 1));
@@ -143,9 +136,9 @@ TEST_F(TrainerPartsTest, TheCallerSeesEveryFlushAndEveryHeadline) {
 TEST_F(TrainerPartsTest, WithoutBeingAskedTheTrainerLeavesTheProcessSettingsAlone) {
   const int threads = at::get_num_threads();
   const int others = threads == 1 ? 2 : 1;
-  Trainer(small({"threads=" + std::to_string(others)}), TrainerOptions(tmp_.file("run"))).run();
+  Trainer(small_run({"threads=" + std::to_string(others)}), TrainerOptions(tmp_.file("run"))).run();
   EXPECT_EQ(at::get_num_threads(), threads);
-  Trainer(small({"threads=" + std::to_string(others)}),
+  Trainer(small_run({"threads=" + std::to_string(others)}),
           TrainerOptions(tmp_.file("asked")).process_settings(true))
       .run();
   EXPECT_EQ(at::get_num_threads(), others);
@@ -160,7 +153,7 @@ TEST_F(TrainerPartsTest, ResumingAFolderWithoutCheckpointsIsAnError) {
 }
 
 TEST_F(TrainerPartsTest, AResumePointCarriesTheSavedConfigWithTheOverrides) {
-  Trainer(small({"train.max_steps=4"}), TrainerOptions(tmp_.file("run"))).run();
+  Trainer(small_run({"train.max_steps=4"}), TrainerOptions(tmp_.file("run"))).run();
   const ResumePoint point = resume_run(tmp_.file("run"), {"train.batch_size=32"});
   EXPECT_EQ(point.saved_batch_size, 16);
   EXPECT_EQ(FullTrainConfig(point.config).batch_size, 32);

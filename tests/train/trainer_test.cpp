@@ -5,6 +5,7 @@
 #include <dkit/device/host_sync.h>
 
 #include "../support.h"
+#include "small_run.h"
 
 #include <csignal>
 #include <filesystem>
@@ -17,20 +18,11 @@ namespace dkit {
 namespace {
 
 using test::error_message;
+using test::small_run;
 namespace fs = std::filesystem;
 
 class TrainerTest : public test::SeedingFixture {
  protected:
-  /// 200 synthetic samples, 160 of them for training: 10 batches of 16 per epoch.
-  static FullTrainConfig small(const std::vector<std::string>& overrides = {}) {
-    std::vector<std::string> all = {"device=cpu",           "threads=1",          "data.source=synthetic",
-                                    "data.samples=200",     "data.features=8",    "data.classes=3",
-                                    "model.hidden=[16]",    "train.epochs=3",     "train.batch_size=16",
-                                    "train.log_every=5",    "train.lr=0.01",      "train.checkpoint_every=0"};
-    all.insert(all.end(), overrides.begin(), overrides.end());
-    return FullTrainConfig(parse_config("", "test", ".", all));
-  }
-
   /// A run of `config` in `dir` with the process settings applied, continuing `resume` (read from "test").
   static TrainSummary train(const FullTrainConfig& config, const std::string& dir,
                             std::optional<TrainingCheckpoint> resume = std::nullopt,
@@ -58,7 +50,7 @@ class TrainerTest : public test::SeedingFixture {
 };
 
 TEST_F(TrainerTest, TrainsAndWritesEveryOutput) {
-  const TrainSummary summary = train(small(), tmp_.file("run"));
+  const TrainSummary summary = train(small_run(), tmp_.file("run"));
   EXPECT_EQ(summary.device, "cpu");
   EXPECT_EQ(summary.steps, 30);
   EXPECT_EQ(summary.samples, 30 * 16);
@@ -89,18 +81,18 @@ TEST_F(TrainerTest, TrainsAndWritesEveryOutput) {
 
 TEST_F(TrainerTest, HotLoopReadsTheDeviceOnlyAtLogFlushesAndValidation) {
   const int64_t before = host_sync_count();
-  const TrainSummary summary = train(small(), tmp_.file("run"));
+  const TrainSummary summary = train(small_run(), tmp_.file("run"));
   EXPECT_EQ(summary.host_syncs, 6 + 3) << "30 steps flushed every 5, and one validation per epoch";
   EXPECT_EQ(host_sync_count() - before, summary.host_syncs);
 }
 
 TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
   const std::vector<std::string> keys = {"model.dropout=0.3", "train.checkpoint_every=7"};
-  train(small(keys), tmp_.file("whole"));
+  train(small_run(keys), tmp_.file("whole"));
 
   auto first = keys;
   first.push_back("train.max_steps=17");
-  const TrainSummary part = train(small(first), tmp_.file("split"));
+  const TrainSummary part = train(small_run(first), tmp_.file("split"));
   ASSERT_EQ(part.steps, 17);
   const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
   ASSERT_TRUE(found.has_value());
@@ -108,29 +100,29 @@ TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
   EXPECT_EQ(found->checkpoint.epoch, 1);
   EXPECT_EQ(found->checkpoint.epoch_step, 7);
   const TrainSummary rest =
-      train(small(keys), tmp_.file("split"), found->checkpoint);
+      train(small_run(keys), tmp_.file("split"), found->checkpoint);
   EXPECT_EQ(rest.steps, 30);
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
 
 TEST_F(TrainerTest, ResumeWithTheWrittenOutBackwardAndFusedAdamIsBitwiseExact) {
   const std::vector<std::string> keys = {"train.checkpoint_every=4", "threads=2", "model.hidden=[32,16]"};
-  train(small(keys), tmp_.file("whole"));
+  train(small_run(keys), tmp_.file("whole"));
   auto first = keys;
   first.push_back("train.max_steps=13");
-  train(small(first), tmp_.file("split"));
+  train(small_run(first), tmp_.file("split"));
   const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->checkpoint.step, 13);
   const TrainSummary rest =
-      train(small(keys), tmp_.file("split"), found->checkpoint);
+      train(small_run(keys), tmp_.file("split"), found->checkpoint);
   EXPECT_EQ(rest.steps, 30);
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
 
 TEST_F(TrainerTest, DivergingLossStopsWithAClearError) {
   const std::string message = error_message([&] {
-    train(small({"train.optimizer=sgd", "train.lr=1e30", "train.momentum=0"}), tmp_.file("run"));
+    train(small_run({"train.optimizer=sgd", "train.lr=1e30", "train.momentum=0"}), tmp_.file("run"));
   });
   EXPECT_EQ(message.rfind("training diverged: the loss is ", 0), 0u) << message;
   EXPECT_NE(message.find("no checkpoint was written after it, the last good one is in '" + tmp_.file("run") +
@@ -143,7 +135,7 @@ TEST_F(TrainerTest, DivergingLossStopsWithAClearError) {
 TEST_F(TrainerTest, StopRequestFinishesTheStepAndWritesACheckpoint) {
   auto stop = std::make_shared<StopRequest>();
   stop->request(SIGTERM);
-  const TrainSummary summary = train(small(), tmp_.file("run"), std::nullopt, stop);
+  const TrainSummary summary = train(small_run(), tmp_.file("run"), std::nullopt, stop);
   EXPECT_EQ(summary.stopped_by_signal, SIGTERM);
   EXPECT_EQ(summary.steps, 1);
   EXPECT_EQ(load_training_checkpoint(tmp_.file("run/checkpoints/last.pt")).step, 1);
@@ -174,11 +166,11 @@ TEST_F(TrainerTest, ResumeOnChangedDataIsRefused) {
 }
 
 TEST_F(TrainerTest, ResumeWithAnotherBatchSizeContinuesAtTheSameSample) {
-  train(small({"train.max_steps=4"}), tmp_.file("run"));
+  train(small_run({"train.max_steps=4"}), tmp_.file("run"));
   const auto found = CheckpointFolder(tmp_.file("run")).load_newest();
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->checkpoint.world_size, 1);
-  const TrainSummary rest = train(small({"train.batch_size=32"}), tmp_.file("run"),
+  const TrainSummary rest = train(small_run({"train.batch_size=32"}), tmp_.file("run"),
                                   found->checkpoint);
   EXPECT_EQ(rest.steps, 4 + 3 + 2 * 5) << "64 samples were done: 3 batches of 32 finish epoch 1, then 2 epochs of 5";
   std::ifstream log(tmp_.file("run/train.log"));
@@ -189,11 +181,11 @@ TEST_F(TrainerTest, ResumeWithAnotherBatchSizeContinuesAtTheSameSample) {
 }
 
 TEST_F(TrainerTest, ResumeBetweenTwoBatchesOfTheNewSizeIsRefused) {
-  train(small({"train.max_steps=3"}), tmp_.file("run"));
+  train(small_run({"train.max_steps=3"}), tmp_.file("run"));
   const auto found = CheckpointFolder(tmp_.file("run")).load_newest();
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(error_message([&] {
-              train(small({"train.batch_size=32"}), tmp_.file("run"),
+              train(small_run({"train.batch_size=32"}), tmp_.file("run"),
                     found->checkpoint);
             }),
             "cannot resume from test: it stopped after 3 global batches of 16 (1 process(es) x train.batch_size 16) in "
@@ -205,13 +197,13 @@ TEST_F(TrainerTest, DataParallelWhereLibTorchCannotIsAnError) {
   if (data_parallel_available()) {
     GTEST_SKIP() << "this build has DataParallel";
   }
-  EXPECT_EQ(error_message([&] { train(small({"dist.data_parallel=true"}), tmp_.file("run")); }),
+  EXPECT_EQ(error_message([&] { train(small_run({"dist.data_parallel=true"}), tmp_.file("run")); }),
             "dist.data_parallel is not available: " + data_parallel_unavailable_reason() +
                 " (see `dkit devices`); set dist.data_parallel: false");
 }
 
 TEST_F(TrainerTest, RunFolderWhoseParentIsMissingIsAnError) {
-  EXPECT_EQ(error_message([&] { train(small(), tmp_.file("missing/run")); }),
+  EXPECT_EQ(error_message([&] { train(small_run(), tmp_.file("missing/run")); }),
             "cannot create the run folder '" + tmp_.file("missing/run") + "': its parent '" + tmp_.file("missing") +
                 "' does not exist");
 }
@@ -233,7 +225,7 @@ TEST_F(TrainerTest, SummaryJsonWritesShortestRoundTripNumbersAndNullForNonFinite
 }
 
 TEST_F(TrainerTest, AbsentDeviceIsAnErrorBeforeTraining) {
-  const std::string message = error_message([&] { train(small({"device=cuda:7"}), tmp_.file("run")); });
+  const std::string message = error_message([&] { train(small_run({"device=cuda:7"}), tmp_.file("run")); });
   EXPECT_EQ(message.rfind("device 'cuda:7' is not available: ", 0), 0u) << message;
   EXPECT_FALSE(fs::exists(tmp_.file("run/checkpoints/last.pt")));
 }
