@@ -1,8 +1,11 @@
-// Runs a small dkit::Mlp on the first GPU when there is one, otherwise on the CPU.
+// Runs a small dkit::Mlp on the first GPU when there is one, otherwise on the CPU; then embeds dkit's Trainer: a
+// few steps on synthetic data in a temporary run folder, with this program's own progress lines and stop request.
 #include <dkit/dkit.h>
 
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 int main() {
@@ -10,10 +13,26 @@ int main() {
   dkit::Mlp net(dkit::MlpOptions(/*in_features=*/8, /*hidden=*/{16}, /*out_features=*/3));
   dkit::place_module(net, device);
   net->eval();
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor input = torch::randn({4, 8}, torch::TensorOptions().device(device));
+    const torch::Tensor output = net->forward(input);
+    std::cout << "dkit " << DKIT_VERSION << ": output " << output.sizes() << " on " << output.device() << "\n";
+  }
 
-  torch::NoGradGuard no_grad;
-  const torch::Tensor input = torch::randn({4, 8}, torch::TensorOptions().device(device));
-  const torch::Tensor output = net->forward(input);
-  std::cout << "dkit " << DKIT_VERSION << ": output " << output.sizes() << " on " << output.device() << "\n";
-  return 0;
+  const auto run_dir = std::filesystem::temp_directory_path() / "dkit-consumer-run";
+  std::filesystem::remove_all(run_dir);
+  const dkit::FullTrainConfig config(dkit::parse_config(
+      "data: {source: synthetic, samples: 200, features: 8, classes: 3}\n"
+      "train: {epochs: 1, batch_size: 16, log_every: 5}\n",
+      "consumer", "."));
+  auto stop = std::make_shared<dkit::StopRequest>();
+  dkit::TrainerOptions options(run_dir.string());
+  options.stop(stop).on_progress([](const dkit::ProgressUpdate& update) {
+    std::cout << "step " << update.step << "/" << update.total_steps << "\n";
+  });
+  const dkit::TrainSummary summary = dkit::Trainer(config, std::move(options)).run();
+  std::cout << "trained " << summary.steps << " steps on " << summary.device << "\n";
+  std::filesystem::remove_all(run_dir);
+  return summary.steps > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
