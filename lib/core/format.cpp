@@ -62,4 +62,14 @@ std::string format_significant(double value, int digits) {
   return text;
 }
 
+std::string format_rate(double per_second) {
+  if (per_second >= 1e6) {
+    return format_fixed(per_second / 1e6, 1) + "M";
+  }
+  if (per_second >= 1e3) {
+    return format_fixed(per_second / 1e3, 1) + "k";
+  }
+  return format_fixed(per_second, 1);
+}
+
 } // namespace dkit

@@ -21,4 +21,7 @@ std::string format_fixed(double value, int decimals);
 /// `0.0123`, `format_significant(12345.0, 3)` is `12345`): benchmark tables.
 std::string format_significant(double value, int digits);
 
+/// A rate for people, one decimal with a k or M suffix from a thousand and a million on: `812.5`, `310.2k`, `1.2M`.
+std::string format_rate(double per_second);
+
 } // namespace dkit

@@ -252,7 +252,7 @@ struct Trainer::Impl {
     const double lr = optimizer->param_groups().front().options().get_lr();
     run->add_train_row(step, epoch + 1, loss, accuracy, lr, rate);
     const std::string text = fmt::format("epoch {}/{} loss {} acc {} {} samples/s", epoch + 1, config.epochs,
-                                         format_fixed(loss, 4), format_fixed(accuracy, 4), detail::format_rate(rate));
+                                         format_fixed(loss, 4), format_fixed(accuracy, 4), format_rate(rate));
     info(fmt::format("step {}/{} {}", step, total_steps, text));
     if (options.on_progress()) {
       options.on_progress()(ProgressUpdate{step, total_steps, text});
@@ -486,7 +486,7 @@ struct Trainer::Impl {
     run->write_summary(summary);
     info(fmt::format("done: {} steps, {} samples in {} s of training ({} samples/s), final loss {}, val acc {}",
                      summary.steps, summary.samples, format_fixed(summary.train_seconds, 3),
-                     detail::format_rate(summary.samples_per_second), format_fixed(summary.final_loss, 4),
+                     format_rate(summary.samples_per_second), format_fixed(summary.final_loss, 4),
                      format_fixed(summary.val_accuracy, 4)));
     return summary;
   }

@@ -39,5 +39,11 @@ TEST(FormatTest, FormatsAFixedNumberOfDecimals) {
   EXPECT_EQ(format_fixed(-0.25, 0), "-0");
 }
 
+TEST(FormatTest, RatesReadAsPeopleSayThem) {
+  EXPECT_EQ(format_rate(812.54), "812.5");
+  EXPECT_EQ(format_rate(310240.0), "310.2k");
+  EXPECT_EQ(format_rate(1.25e6), "1.2M");
+}
+
 } // namespace
 } // namespace dkit

@@ -105,12 +105,6 @@ TEST_F(TrainerPartsTest, ARankThatDoesNotWriteLeavesTheDiskAlone) {
   EXPECT_FALSE(fs::exists(tmp_.file("run")));
 }
 
-TEST_F(TrainerPartsTest, RatesReadAsPeopleSayThem) {
-  EXPECT_EQ(detail::format_rate(812.54), "812.5");
-  EXPECT_EQ(detail::format_rate(310240.0), "310.2k");
-  EXPECT_EQ(detail::format_rate(1.25e6), "1.2M");
-}
-
 TEST_F(TrainerPartsTest, TheCallerSeesEveryFlushAndEveryHeadline) {
   std::vector<ProgressUpdate> updates;
   std::vector<std::string> headlines;

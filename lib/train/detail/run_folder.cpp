@@ -92,14 +92,4 @@ void RunFolder::write_summary(const TrainSummary& summary) {
   }
 }
 
-std::string format_rate(double samples_per_second) {
-  if (samples_per_second >= 1e6) {
-    return format_fixed(samples_per_second / 1e6, 1) + "M";
-  }
-  if (samples_per_second >= 1e3) {
-    return format_fixed(samples_per_second / 1e3, 1) + "k";
-  }
-  return format_fixed(samples_per_second, 1);
-}
-
 } // namespace dkit::detail

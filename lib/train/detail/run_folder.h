@@ -67,7 +67,4 @@ class RunFolder {
   std::ofstream metrics_;
 };
 
-/// `samples_per_second` for people: `812.5`, `310.2k`, `1.2M`.
-std::string format_rate(double samples_per_second);
-
 } // namespace dkit::detail
