@@ -1,5 +1,7 @@
 #pragma once
 
+#include "support.h"
+
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -193,12 +195,12 @@ class Process {
 
   /// What it wrote to stdout so far.
   std::string out() const {
-    return read(out_path_);
+    return read_file(out_path_);
   }
 
   /// What it wrote to stderr so far (with ErrTo::kPipe: what the test has read of it).
   std::string err() const {
-    return err_pipe_ >= 0 ? err_text_ : read(err_path_);
+    return err_pipe_ >= 0 ? err_text_ : read_file(err_path_);
   }
 
  private:
@@ -218,13 +220,6 @@ class Process {
     }
     err_text_.append(buffer, static_cast<size_t>(n));
     return true;
-  }
-
-  static std::string read(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
   }
 
   pid_t pid_ = -1;

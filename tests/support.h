@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace dkit::test {
@@ -49,6 +51,14 @@ inline TempDir::TempDir() {
 inline TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+/// The whole contents of the file at `path`; empty when it cannot be read.
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 /// A committed fixture file made by real PyTorch (see tests/fixtures/make_fixtures.py).

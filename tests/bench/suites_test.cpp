@@ -261,10 +261,7 @@ TEST_F(SuitesTest, JsonDocumentCarriesVersionsMachineAndSuites) {
 TEST_F(SuitesTest, WritesTextFilesAndNamesTheOneItCannotWrite) {
   test::TempDir dir;
   write_text_file(dir.file("a.csv"), "x\n1\n");
-  std::ifstream in(dir.file("a.csv"));
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_EQ(text.str(), "x\n1\n");
+  EXPECT_EQ(test::read_file(dir.file("a.csv")), "x\n1\n");
   const std::string missing = dir.file("no/such/dir/a.csv");
   EXPECT_EQ(error_message([&] { write_text_file(missing, "x"); }),
             "cannot write '" + missing + "': No such file or directory");

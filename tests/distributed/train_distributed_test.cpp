@@ -103,13 +103,6 @@ class DistributedTrainTest : public test::SeedingFixture {
     return worst;
   }
 
-  static std::string read(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
   test::TempDir tmp_;
   std::string config_;
 };
@@ -125,7 +118,7 @@ TEST_F(DistributedTrainTest, TwoRanksEndWithTheWeightsOfOneProcessWithTwiceTheBa
     const std::string single = tmp_.file("single-" + optimizer);
     const std::string multi = tmp_.file("multi-" + optimizer);
     ASSERT_EQ(test::run_process(train(single, {"train.batch_size=32", "train.optimizer=" + optimizer}), single), 0)
-        << read(single + ".err");
+        << test::read_file(single + ".err");
     run_ranks(
         2,
         [&](int r) {
@@ -149,14 +142,14 @@ TEST_F(DistributedTrainTest, TwoRanksEndWithTheWeightsOfOneProcessWithTwiceTheBa
     EXPECT_EQ(multi_checkpoint.step, single_checkpoint.step);
     EXPECT_EQ(multi_checkpoint.world_size, 2);
     EXPECT_EQ(single_checkpoint.world_size, 1);
-    const std::string summary = read(multi + "/summary.json");
+    const std::string summary = test::read_file(multi + "/summary.json");
     EXPECT_NE(summary.find("\"steps\":78,\"samples\":2424,"), std::string::npos) << summary;
   }
 }
 
 TEST_F(DistributedTrainTest, CheckpointsMoveBetweenOneAndTwoProcesses) {
   const std::string reference = tmp_.file("reference");
-  ASSERT_EQ(test::run_process(train(reference, {"train.batch_size=32"}), reference), 0) << read(reference + ".err");
+  ASSERT_EQ(test::run_process(train(reference, {"train.batch_size=32"}), reference), 0) << test::read_file(reference + ".err");
   const StateDict expected = weights(reference);
 
   // Two ranks stop at step 30 (epoch 2, batch 4); one process continues with the same global batch.
@@ -166,21 +159,21 @@ TEST_F(DistributedTrainTest, CheckpointsMoveBetweenOneAndTwoProcesses) {
   const std::string single_copy = tmp_.file("from-two-copy");
   fs::copy(from_two, single_copy, fs::copy_options::recursive);
   ASSERT_EQ(test::run_process(resume(from_two, {"train.batch_size=32", "train.max_steps=0"}), from_two + "-resumed"), 0)
-      << read(from_two + "-resumed.err");
+      << test::read_file(from_two + "-resumed.err");
   EXPECT_LT(max_difference(weights(from_two), expected), kTolerance);
 
   // One process stops at step 30; two ranks, both reading its checkpoint folder, continue.
   const std::string from_one = tmp_.file("from-one");
   ASSERT_EQ(test::run_process(train(from_one, {"train.batch_size=32", "train.max_steps=30"}), from_one), 0)
-      << read(from_one + ".err");
+      << test::read_file(from_one + ".err");
   run_ranks(2, [&](int) { return resume(from_one, {"train.batch_size=16", "train.max_steps=0"}); }, "from-one");
   EXPECT_LT(max_difference(weights(from_one), expected), kTolerance);
   EXPECT_EQ(load_training_checkpoint(from_one + "/checkpoints/last.pt").world_size, 2);
 
   // One process with half the global batch continues the two ranks' epoch at the same sample.
   ASSERT_EQ(test::run_process(resume(single_copy, {"train.max_steps=0"}), single_copy + "-resumed"), 0)
-      << read(single_copy + "-resumed.err");
-  EXPECT_NE(read(single_copy + "/train.log")
+      << test::read_file(single_copy + "-resumed.err");
+  EXPECT_NE(test::read_file(single_copy + "/train.log")
                 .find("the global batch changed from 32 to 16: epoch 2 continues at batch 8 (after sample 128)"),
             std::string::npos);
 }
@@ -287,9 +280,9 @@ TEST_F(DistributedTrainTest, TorchrunStartsTheRanks) {
                     "PyTorch was built without (Debian's python3-torch 2.6); dkit never got to run";
   }
   EXPECT_EQ(launcher.wait(), 0) << launcher.out() << launcher.err();
-  const std::string summary = read(run + "/summary.json");
+  const std::string summary = test::read_file(run + "/summary.json");
   EXPECT_NE(summary.find("\"steps\":26,\"samples\":808,"), std::string::npos) << summary << launcher.err();
-  EXPECT_NE(read(run + "/train.log").find("x 2 processes (gloo, global batch 32)"), std::string::npos);
+  EXPECT_NE(test::read_file(run + "/train.log").find("x 2 processes (gloo, global batch 32)"), std::string::npos);
 }
 
 } // namespace

@@ -28,17 +28,10 @@ namespace fs = std::filesystem;
 using test::Process;
 using test::run_process;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The steps of the checkpoints a run's train.log says were written: save() had returned for each of them.
 std::vector<int64_t> logged_checkpoint_steps(const std::string& run) {
   std::vector<int64_t> steps;
-  const std::string log = read_text(run + "/train.log");
+  const std::string log = test::read_file(run + "/train.log");
   const std::regex line("\\] checkpoint [^\\n]*step-0*([0-9]+)\\.pt\\n");
   for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
     steps.push_back(std::stoll((*it)[1].str()));
@@ -405,7 +398,7 @@ TEST_F(TrainProcessTest, AFileSizeLimitDuringASaveIsAClearErrorAndKeepsThePrevio
   const std::string run_dir = tmp_.file("run");
   run(train_with(config, run_dir), "first", 0);
   const std::string last = run_dir + "/checkpoints/last.pt";
-  const std::string before = read_text(last);
+  const std::string before = test::read_file(last);
   const auto blocks = std::to_string(before.size() / 2 / 512);
   std::string command = "trap '' XFSZ; ulimit -f " + blocks + "; exec";
   for (const auto& arg : resume_with(run_dir, {"train.max_steps=8"})) {
@@ -414,7 +407,7 @@ TEST_F(TrainProcessTest, AFileSizeLimitDuringASaveIsAClearErrorAndKeepsThePrevio
   const auto process = run({"/bin/sh", "-c", command}, "limited", 1);
   EXPECT_EQ(last_line(process->err()),
             "dkit: error: cannot write " + last + ": File too large (the existing file is unchanged)");
-  EXPECT_EQ(read_text(last), before);
+  EXPECT_EQ(test::read_file(last), before);
   EXPECT_EQ(temporary_files(run_dir + "/checkpoints"), 0);
 }
 
@@ -468,7 +461,7 @@ TEST_F(TrainProcessTest, ResumeSkipsCorruptNewestCheckpointsAndSaysSo) {
                            "dkit: warning: skipped an unreadable checkpoint: " + folder + "/step-000006.pt" + cut +
                            "dkit: resuming from " + folder + "/step-000004.pt\n";
   EXPECT_EQ(process->err().substr(0, said.size()), said);
-  EXPECT_NE(read_text(run_dir + "/train.log").find("resumed from " + folder + "/step-000004.pt at step 4"),
+  EXPECT_NE(test::read_file(run_dir + "/train.log").find("resumed from " + folder + "/step-000004.pt at step 4"),
             std::string::npos);
   EXPECT_EQ(load_training_checkpoint(folder + "/last.pt").step, 10);
 }
@@ -490,7 +483,7 @@ TEST_F(TrainProcessTest, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
   const std::string run_dir = tmp_.file("run");
   run(train_with(config, run_dir), "first", 0);
   const std::string last = run_dir + "/checkpoints/last.pt";
-  const std::string before = read_text(last);
+  const std::string before = test::read_file(last);
   rows[rows.find(",") - 1] = '9';  // one pixel of the first sample
   std::ofstream(csv) << rows;
   const auto process = run(resume_with(run_dir, {"train.max_steps=6"}), "resumed", 1);
@@ -498,7 +491,7 @@ TEST_F(TrainProcessTest, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
                            ": the training data changed since it was written \\(checksum fnv1a64:[0-9a-f]{16}, now "
                            "fnv1a64:[0-9a-f]{16}\\); start a new run instead\n");
   EXPECT_TRUE(std::regex_match(process->err(), refusal)) << process->err();
-  EXPECT_EQ(read_text(last), before);
+  EXPECT_EQ(test::read_file(last), before);
 }
 
 } // namespace

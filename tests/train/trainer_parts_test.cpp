@@ -21,13 +21,6 @@ namespace fs = std::filesystem;
 
 class TrainerPartsTest : public test::SeedingFixture {
  protected:
-  static std::string read(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
   test::TempDir tmp_;
 };
 
@@ -88,7 +81,7 @@ TEST_F(TrainerPartsTest, TheRunFolderEchoesLinesFromTheStartAndWarningsAlways) {
   EXPECT_EQ(seen[0].level, LogLevel::kWarning);
   EXPECT_EQ(seen[1].text, "training");
   EXPECT_TRUE(seen[1].headline);
-  const std::string log = read(tmp_.file("run/train.log"));
+  const std::string log = test::read_file(tmp_.file("run/train.log"));
   for (const char* line : {"[info] setting up\n", "[warning] careful\n", "[info] training\n"}) {
     EXPECT_NE(log.find(line), std::string::npos) << line << " in:\n" << log;
   }

@@ -173,10 +173,7 @@ TEST_F(TrainerTest, ResumeWithAnotherBatchSizeContinuesAtTheSameSample) {
   const TrainSummary rest = train(small_run({"train.batch_size=32"}), tmp_.file("run"),
                                   found->checkpoint);
   EXPECT_EQ(rest.steps, 4 + 3 + 2 * 5) << "64 samples were done: 3 batches of 32 finish epoch 1, then 2 epochs of 5";
-  std::ifstream log(tmp_.file("run/train.log"));
-  std::stringstream text;
-  text << log.rdbuf();
-  EXPECT_NE(text.str().find("the global batch changed from 16 to 32: epoch 1 continues at batch 2 (after sample 64)"),
+  EXPECT_NE(test::read_file(tmp_.file("run/train.log")).find("the global batch changed from 16 to 32: epoch 1 continues at batch 2 (after sample 64)"),
             std::string::npos);
 }
 
