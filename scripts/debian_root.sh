@@ -85,6 +85,10 @@ echo 'APT::Install-Recommends "false";' >"$dir/etc/apt/apt.conf.d/90dkit-no-reco
 # for the suites that move (sid); these roots are throwaway build roots, so apt takes them (signatures are still
 # checked).
 echo 'Acquire::Check-Valid-Until "false";' >"$dir/etc/apt/apt.conf.d/90dkit-frozen-mirror"
+# debootstrap writes no /etc/hosts, which every installed Debian has: without it `localhost` does not resolve.
+if [ ! -e "$dir/etc/hosts" ]; then
+  printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$dir/etc/hosts"
+fi
 echo "$suite $components $url" >"$dir/.dkit-root"
 rm -f "$dir.debootstrap.log"
 echo "debian_root: made $dir"
