@@ -131,6 +131,14 @@ StateDict read_state_dict(const std::string& path, const ReadOptions& read_optio
   return state_dict_from(read_torch_file(path, read_options).root, path, options);
 }
 
+void write_state_dict(const std::string& path, const StateDict& state_dict) {
+  std::vector<std::pair<PickleValue, PickleValue>> entries;
+  for (const auto& item : state_dict) {
+    entries.emplace_back(item.key(), item.value());
+  }
+  write_torch_file(path, PickleValue::ordered_dict(std::move(entries)));
+}
+
 StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict state_dict("state dict key");
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -192,6 +200,16 @@ LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& 
     }
   }
   return result;
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  write_state_dict(path, module_state_dict(module));
+}
+
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const std::string& path,
+                                    const LoadFileOptions& options) {
+  return load_state_dict(module, read_state_dict(path, options.read(), options.keys()),
+                         LoadStateDictOptions().strict(options.strict()).source(path));
 }
 
 Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptions& options) {

@@ -50,6 +50,10 @@ StateDict state_dict_from(const PickleValue& root, const std::string& source, co
 StateDict read_state_dict(const std::string& path, const ReadOptions& read_options = {},
                           const StateDictOptions& options = {});
 
+/// Writes `state_dict` to `path` as a `torch.save` file of an `OrderedDict`, as Python's
+/// `torch.save(module.state_dict(), path)` does.
+void write_state_dict(const std::string& path, const StateDict& state_dict);
+
 /// The parameters and buffers of `module`, named as LibTorch registers them, detached from autograd but sharing
 /// their storage (what Python's `module.state_dict()` returns).
 StateDict module_state_dict(const torch::nn::Module& module);
@@ -79,6 +83,30 @@ struct LoadStateDictResult {
 /// in current model is [5, 4].` Nothing is copied when there is an error.
 LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& state_dict,
                                     const LoadStateDictOptions& options = {});
+
+/// How load_state_dict() reads a file into a module.
+struct LoadFileOptions {
+  /// Where the file's tensors are read to (`map_location`) and the limits on the file; the values end up on each
+  /// parameter's device whatever the map_location.
+  TORCH_ARG(ReadOptions, read) = {};
+  /// Prefix stripping and renames applied to the file's keys.
+  TORCH_ARG(StateDictOptions, keys) = {};
+  /// Whether a missing or unexpected key is an error, as in PyTorch's `load_state_dict(strict=True)`.
+  TORCH_ARG(bool, strict) = true;
+};
+
+/// Writes the parameters and buffers of `module` (nested submodules included, named as LibTorch registers them,
+/// which is how Python names the same network's) to `path`, in the format its extension names: `.safetensors` for
+/// safetensors, anything else (`.pt`, `.pth`, ...) for the `torch.save` zip, which `torch.load(path)` reads in
+/// PyTorch 2.6 and later with its default `weights_only=True`. Tensors on a GPU are copied to the CPU. The write is
+/// atomic, as write_torch_file()'s.
+void save_state_dict(const torch::nn::Module& module, const std::string& path);
+
+/// Reads the state dict in `path` (a `torch.save` file, whose state dict may be nested as try_find_state_dict()
+/// finds it, or a `.safetensors` file) and copies it into `module`, as load_state_dict() above does, naming the
+/// file in errors.
+LoadStateDictResult load_state_dict(torch::nn::Module& module, const std::string& path,
+                                    const LoadFileOptions& options = {});
 
 /// How mlp_from_state_dict() builds the network.
 struct MlpFromStateDictOptions {

@@ -4,6 +4,7 @@
 #include <dkit/distributed/data_parallel.h>
 #include <dkit/device/host_sync.h>
 
+#include "../checkpoint/python.h"
 #include "../support.h"
 #include "small_run.h"
 
@@ -48,6 +49,45 @@ class TrainerTest : public test::SeedingFixture {
 
   test::TempDir tmp_;
 };
+
+// Every file a run and the export write: PyTorch 2.6 and later read each with torch.load's default
+// (weights_only=True). PyTorch 1.13's weights_only unpickler reads the state dicts; it has no opcode for a Python
+// float (BINFLOAT, 71), which a training checkpoint's config and optimizer settings need, and that must be the only
+// reason it refuses one.
+TEST_F(TrainerTest, PythonLoadsEveryFileDkitWritesWithWeightsOnly) {
+  DKIT_SKIP_WITHOUT_PYTHON_TORCH();
+  const std::string dir = tmp_.file("run");
+  train(small_run({"train.checkpoint_every=10"}), dir);
+  const LoadedMlp model = load_mlp(dir + "/checkpoints/last.pt");
+  export_mlp(tmp_.file("export.pt"), model);
+  save_state_dict(*model.net, tmp_.file("module.pt"));
+  std::string files = tmp_.file("export.pt") + " " + tmp_.file("module.pt");
+  for (const auto& entry : fs::directory_iterator(dir + "/checkpoints")) {
+    files += " " + entry.path().string();
+  }
+  const auto result = test::run_python(tmp_.file("check.py"), R"(import pickle, sys, torch
+major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+for path in sys.argv[1:]:
+    checkpoint = path.endswith(".pt") and "/checkpoints/" in path
+    if (major, minor) >= (2, 6):
+        root = torch.load(path)
+    elif not checkpoint:
+        root = torch.load(path, weights_only=True)
+    else:
+        try:
+            torch.load(path, weights_only=True)
+            raise SystemExit(path + ": PyTorch " + torch.__version__ + " was expected to refuse its floats")
+        except pickle.UnpicklingError as error:
+            assert str(error).endswith("Unsupported operand 71"), str(error)
+        root = torch.load(path)
+    tensors = root["model_state_dict"] if checkpoint else root
+    assert tensors["0.weight"].shape == (16, 8), path
+print("ok", len(sys.argv) - 1)
+)",
+                                       files);
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_EQ(result.output, "ok 6\n");
+}
 
 TEST_F(TrainerTest, TrainsAndWritesEveryOutput) {
   const TrainSummary summary = train(small_run(), tmp_.file("run"));
