@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace dkit {
@@ -177,35 +178,30 @@ int64_t max_label(const at::Tensor& labels) {
   return labels.max().item<int64_t>();
 }
 
-class TempFolder {
- public:
-  TempFolder() {
-    std::string pattern = (fs::temp_directory_path() / "dkit-mnist-XXXXXX").string();
-    DKIT_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot create a temporary folder like '", pattern,
-               "': ", std::strerror(errno));
-    path_ = pattern;
+// The size a gzip file's last member says it decompresses to (ISIZE, modulo 2^32), bounded by what deflate can
+// expand the file to; 0 when the file is too short to say.
+size_t decompressed_size_hint(std::FILE* file, const std::string& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  unsigned char trailer[4] = {};
+  if (ec || size < 18 || std::fseek(file, -4, SEEK_END) != 0 || std::fread(trailer, 1, 4, file) != 4) {
+    std::rewind(file);
+    return 0;
   }
-  ~TempFolder() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempFolder(const TempFolder&) = delete;
-  TempFolder& operator=(const TempFolder&) = delete;
+  std::rewind(file);
+  const uint64_t claimed = uint64_t{trailer[0]} | (uint64_t{trailer[1]} << 8) | (uint64_t{trailer[2]} << 16) |
+                           (uint64_t{trailer[3]} << 24);
+  constexpr uint64_t kMaxDeflateRatio = 1032;
+  return static_cast<size_t>(std::min<uint64_t>(claimed, static_cast<uint64_t>(size) * kMaxDeflateRatio));
+}
 
-  const fs::path& path() const {
-    return path_;
-  }
-
- private:
-  fs::path path_;
-};
-
-// Decompresses a gzip file (one member or several) with zlib's inflate rather than gzread: zlib's versions differ
-// in whether gzread reports a stream that ends early (1.2 does, 1.3.2 returns what it has), and a cut-short file
-// must be the same error everywhere.
-void gunzip(const std::string& from, const std::string& to) {
+// Decompresses a gzip file (one member or several) into memory with zlib's inflate rather than gzread: zlib's
+// versions differ in whether gzread reports a stream that ends early (1.2 does, 1.3.2 returns what it has), and a
+// cut-short file must be the same error everywhere.
+std::string gunzip(const std::string& from) {
   File in = open_file(from, "rb", "gzip file");
-  File out = open_file(to, "wb", "temporary file");
+  std::string bytes;
+  bytes.reserve(decompressed_size_hint(in.get(), from));
   z_stream stream{};
   DKIT_CHECK(inflateInit2(&stream, 16 + MAX_WBITS) == Z_OK, "cannot decompress '", from, "': out of memory");
   std::unique_ptr<z_stream, int (*)(z_stream*)> stream_guard(&stream, &inflateEnd);
@@ -230,49 +226,47 @@ void gunzip(const std::string& from, const std::string& to) {
     status = inflate(&stream, Z_NO_FLUSH);
     DKIT_CHECK(status == Z_OK || status == Z_STREAM_END || status == Z_BUF_ERROR, "cannot decompress '", from,
                "': ", stream.msg != nullptr ? stream.msg : "not gzip data");
-    const size_t produced = output.size() - stream.avail_out;
-    DKIT_CHECK(std::fwrite(output.data(), 1, produced, out.get()) == produced, "cannot write '", to, "': ",
-               std::strerror(errno));
+    bytes.append(reinterpret_cast<const char*>(output.data()), output.size() - stream.avail_out);
   }
   DKIT_CHECK(status == Z_STREAM_END, "cannot decompress '", from, "': unexpected end of file");
-  DKIT_CHECK(std::fflush(out.get()) == 0, "cannot write '", to, "': ", std::strerror(errno));
+  return bytes;
 }
 
 uint32_t big_endian32(const unsigned char* bytes) {
   return (uint32_t{bytes[0]} << 24) | (uint32_t{bytes[1]} << 16) | (uint32_t{bytes[2]} << 8) | uint32_t{bytes[3]};
 }
 
-struct IdxExpectation {
-  uint32_t magic;
-  int64_t count;
-  bool images;
+// The header of an IDX file: `count` items of rows x columns bytes (1 x 1 for labels), from `data_offset` on.
+struct IdxHeader {
+  int64_t count = 0;
+  int64_t rows = 1;
+  int64_t columns = 1;
+  size_t data_offset = 0;
 };
 
-void check_idx(const std::string& path, const std::string& shown, const IdxExpectation& expected, bool train) {
-  File file = open_file(path, "rb", "IDX file");
-  const size_t header_size = expected.images ? 16 : 8;
-  unsigned char header[16] = {};
-  DKIT_CHECK(std::fread(header, 1, header_size, file.get()) == header_size, "'", shown,
-             "' is too short for an IDX file");
+IdxHeader parse_idx(const std::string& bytes, const std::string& shown, uint32_t expected_magic, bool images) {
+  const size_t header_size = images ? 16 : 8;
+  DKIT_CHECK(bytes.size() >= header_size, "'", shown, "' is too short for an IDX file");
+  const auto* header = reinterpret_cast<const unsigned char*>(bytes.data());
   const uint32_t magic = big_endian32(header);
-  DKIT_CHECK(magic == expected.magic, "'", shown, "' is not an IDX ", expected.images ? "image" : "label",
-             " file (magic number ", magic, ", expected ", expected.magic, ")");
-  const int64_t count = big_endian32(header + 4);
-  DKIT_CHECK(count == expected.count, "'", shown, "' holds ", count, expected.images ? " images" : " labels",
-             "; LibTorch's MNIST reader needs exactly ", expected.count, " for the ", train ? "training" : "test",
-             " set");
-  int64_t item_bytes = 1;
-  if (expected.images) {
-    const int64_t rows = big_endian32(header + 8);
-    const int64_t columns = big_endian32(header + 12);
-    DKIT_CHECK(rows == 28 && columns == 28, "'", shown, "' holds ", rows, "x", columns,
-               " images; MNIST images are 28x28");
-    item_bytes = rows * columns;
+  DKIT_CHECK(magic == expected_magic, "'", shown, "' is not an IDX ", images ? "image" : "label",
+             " file (magic number ", magic, ", expected ", expected_magic, ")");
+  IdxHeader idx;
+  idx.count = big_endian32(header + 4);
+  idx.data_offset = header_size;
+  if (images) {
+    idx.rows = big_endian32(header + 8);
+    idx.columns = big_endian32(header + 12);
+    DKIT_CHECK(idx.rows > 0 && idx.columns > 0, "'", shown, "' holds ", idx.rows, "x", idx.columns, " images");
   }
-  std::error_code ec;
-  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
-  const int64_t needed = static_cast<int64_t>(header_size) + count * item_bytes;
-  DKIT_CHECK(!ec && size >= needed, "'", shown, "' is truncated: ", size, " bytes, expected ", needed);
+  uint64_t needed = 0;
+  const bool fits = !__builtin_mul_overflow(static_cast<uint64_t>(idx.rows) * static_cast<uint64_t>(idx.columns),
+                                            static_cast<uint64_t>(idx.count), &needed) &&
+                    !__builtin_add_overflow(needed, uint64_t{header_size}, &needed);
+  DKIT_CHECK(fits, "'", shown, "' claims ", idx.count, " images of ", idx.rows, "x", idx.columns,
+             ": more than a file can hold");
+  DKIT_CHECK(bytes.size() >= needed, "'", shown, "' is truncated: ", bytes.size(), " bytes, expected ", needed);
+  return idx;
 }
 
 } // namespace
@@ -369,8 +363,6 @@ Dataset read_mnist(const std::string& folder, bool train) {
   DKIT_CHECK(fs::is_directory(folder, ec), "MNIST folder '", folder, "' does not exist");
   const std::string prefix = train ? "train" : "t10k";
   const std::string names[2] = {prefix + "-images-idx3-ubyte", prefix + "-labels-idx1-ubyte"};
-  const int64_t count = train ? 60000 : 10000;
-  const IdxExpectation expectations[2] = {{2051, count, true}, {2049, count, false}};
   bool compressed[2] = {false, false};
   for (int i = 0; i < 2; ++i) {
     const fs::path plain = fs::path(folder) / names[i];
@@ -383,27 +375,27 @@ Dataset read_mnist(const std::string& folder, bool train) {
                "/usr/share/datasets/fashion-mnist)");
     compressed[i] = true;
   }
-  std::unique_ptr<TempFolder> unpacked;
-  std::string root = folder;
-  if (compressed[0] || compressed[1]) {
-    unpacked = std::make_unique<TempFolder>();
-    root = unpacked->path().string();
-  }
+  std::string bytes[2];
+  std::string shown[2];
+  IdxHeader headers[2];
   for (int i = 0; i < 2; ++i) {
-    const std::string source = (fs::path(folder) / names[i]).string() + (compressed[i] ? ".gz" : "");
-    const std::string target = (fs::path(root) / names[i]).string();
-    if (compressed[i]) {
-      gunzip(source, target);
-    } else if (unpacked) {
-      fs::create_symlink(fs::absolute(source), target);
-    }
-    check_idx(target, source, expectations[i], train);
+    shown[i] = (fs::path(folder) / names[i]).string() + (compressed[i] ? ".gz" : "");
+    bytes[i] = compressed[i] ? gunzip(shown[i]) : read_whole_file(shown[i], "IDX file");
+    headers[i] = parse_idx(bytes[i], shown[i], i == 0 ? 2051 : 2049, /*images=*/i == 0);
   }
-  const torch::data::datasets::MNIST mnist(
-      root, train ? torch::data::datasets::MNIST::Mode::kTrain : torch::data::datasets::MNIST::Mode::kTest);
+  const int64_t count = headers[0].count;
+  DKIT_CHECK(headers[1].count == count, "'", shown[1], "' holds ", headers[1].count, " labels but '", shown[0],
+             "' holds ", count, " images");
+  DKIT_CHECK(count > 0, "'", shown[0], "' holds no images");
+  const auto from_bytes = [](std::string& data, size_t offset, at::IntArrayRef sizes) {
+    return torch::from_blob(data.data() + offset, sizes, at::TensorOptions().dtype(at::kByte));
+  };
   Dataset data;
-  data.features = mnist.images().reshape({count, 28 * 28}).to(at::kFloat).contiguous();
-  data.labels = mnist.targets().to(at::kLong).contiguous();
+  data.features = from_bytes(bytes[0], headers[0].data_offset, {count, headers[0].rows * headers[0].columns})
+                      .to(at::kFloat)
+                      .div_(255);
+  std::string().swap(bytes[0]);
+  data.labels = from_bytes(bytes[1], headers[1].data_offset, {count}).to(at::kLong);
   data.num_classes = max_label(data.labels) + 1;
   data.description = concat("MNIST ", train ? "training" : "test", " set in ", folder, ": ", summary(data));
   return data;
@@ -434,6 +426,10 @@ Dataset make_synthetic(const SyntheticOptions& options) {
 
 namespace {
 
+std::string part_description(const Dataset& data, int64_t rows, const std::string& part) {
+  return concat(data.description, " [", part, ": ", rows, " of ", data.size(), "]");
+}
+
 Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& part) {
   Dataset subset;
   subset.features = data.features.index_select(0, indices);
@@ -441,22 +437,86 @@ Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& 
     subset.labels = data.labels.index_select(0, indices);
   }
   subset.num_classes = data.num_classes;
-  subset.description = concat(data.description, " [", part, ": ", indices.size(0), " of ", data.size(), "]");
+  subset.description = part_description(data, indices.size(0), part);
   return subset;
+}
+
+// The training and validation indices of split(), each sorted.
+std::pair<at::Tensor, at::Tensor> split_indices(int64_t n, double val_fraction, uint64_t seed) {
+  DKIT_CHECK(val_fraction >= 0 && val_fraction < 1, "validation fraction must be in [0, 1), got ", val_fraction);
+  const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * val_fraction));
+  DKIT_CHECK(n - n_val >= 1, "validation fraction ", val_fraction, " leaves no training samples out of ", n);
+  at::Generator generator = seeded_generator(splitmix64(seed ^ kSplitTag));
+  const at::Tensor permutation = at::randperm(n, generator, at::TensorOptions().dtype(at::kLong));
+  return {std::get<0>(permutation.narrow(0, n_val, n - n_val).sort()),
+          std::get<0>(permutation.narrow(0, 0, n_val).sort())};
+}
+
+// Reorders the rows of `rows` in place so that row i holds what row order[i] held, following each cycle of the
+// permutation with one row of scratch space.
+void permute_rows_(const at::Tensor& rows, const at::Tensor& order) {
+  TORCH_INTERNAL_ASSERT(rows.is_contiguous() && order.size(0) == rows.size(0), "permute_rows_ needs a contiguous "
+                        "tensor and one index per row");
+  const int64_t n = rows.size(0);
+  const auto row_bytes = static_cast<size_t>(rows.numel() / std::max<int64_t>(n, 1)) * rows.element_size();
+  auto* base = static_cast<char*>(rows.data_ptr());
+  const int64_t* from = order.data_ptr<int64_t>();
+  std::vector<char> scratch(row_bytes);
+  std::vector<bool> placed(static_cast<size_t>(n), false);
+  const auto row = [&](int64_t i) { return base + static_cast<size_t>(i) * row_bytes; };
+  for (int64_t start = 0; start < n; ++start) {
+    if (placed[static_cast<size_t>(start)] || from[start] == start) {
+      continue;
+    }
+    std::memcpy(scratch.data(), row(start), row_bytes);
+    int64_t i = start;
+    while (from[i] != start) {
+      std::memcpy(row(i), row(from[i]), row_bytes);
+      placed[static_cast<size_t>(i)] = true;
+      i = from[i];
+    }
+    std::memcpy(row(i), scratch.data(), row_bytes);
+    placed[static_cast<size_t>(i)] = true;
+  }
+}
+
+bool sole_contiguous_owner(const at::Tensor& tensor) {
+  return !tensor.defined() || (tensor.is_contiguous() && tensor.storage_offset() == 0 &&
+                               tensor.use_count() == 1 && tensor.storage().use_count() == 1 &&
+                               tensor.device().is_cpu());
 }
 
 } // namespace
 
 DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed) {
-  DKIT_CHECK(val_fraction >= 0 && val_fraction < 1, "validation fraction must be in [0, 1), got ", val_fraction);
-  const int64_t n = data.size();
-  const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * val_fraction));
-  DKIT_CHECK(n - n_val >= 1, "validation fraction ", val_fraction, " leaves no training samples out of ", n);
-  at::Generator generator = seeded_generator(splitmix64(seed ^ kSplitTag));
-  const at::Tensor permutation = at::randperm(n, generator, at::TensorOptions().dtype(at::kLong));
-  const at::Tensor val_indices = std::get<0>(permutation.narrow(0, 0, n_val).sort());
-  const at::Tensor train_indices = std::get<0>(permutation.narrow(0, n_val, n - n_val).sort());
+  const auto [train_indices, val_indices] = split_indices(data.size(), val_fraction, seed);
   return {take(data, train_indices, "train"), take(data, val_indices, "val")};
+}
+
+DatasetSplit split(Dataset&& data, double val_fraction, uint64_t seed) {
+  if (!sole_contiguous_owner(data.features) || !sole_contiguous_owner(data.labels)) {
+    return split(static_cast<const Dataset&>(data), val_fraction, seed);
+  }
+  const auto [train_indices, val_indices] = split_indices(data.size(), val_fraction, seed);
+  const at::Tensor order = at::cat({train_indices, val_indices});
+  permute_rows_(data.features, order);
+  if (data.has_labels()) {
+    permute_rows_(data.labels, order);
+  }
+  const int64_t n_train = train_indices.size(0);
+  const int64_t n_val = val_indices.size(0);
+  const auto part = [&data](int64_t begin, int64_t rows, const char* name) {
+    Dataset out;
+    out.features = data.features.narrow(0, begin, rows);
+    if (data.has_labels()) {
+      out.labels = data.labels.narrow(0, begin, rows);
+    }
+    out.num_classes = data.num_classes;
+    out.description = part_description(data, rows, name);
+    return out;
+  };
+  DatasetSplit parts{part(0, n_train, "train"), part(n_train, n_val, "val")};
+  return parts;
 }
 
 Scaling parse_scaling(std::string_view name) {
@@ -480,6 +540,15 @@ at::Tensor Normalization::apply(const at::Tensor& features) const {
   return (features - to_device(mean, features.device())) / to_device(std, features.device());
 }
 
+void Normalization::apply_(const at::Tensor& features) const {
+  if (!defined()) {
+    return;
+  }
+  TORCH_CHECK(features.dim() == 2 && features.size(1) == mean.size(0), "cannot scale inputs of shape ",
+              features.sizes(), " with a normalization of ", mean.size(0), " features");
+  features.sub_(to_device(mean, features.device())).div_(to_device(std, features.device()));
+}
+
 Dataset Normalization::apply(const Dataset& data) const {
   Dataset scaled = data;
   scaled.features = apply(data.features).contiguous();
@@ -493,15 +562,24 @@ Normalization fit_normalization(const at::Tensor& features, Scaling scaling) {
   if (scaling == Scaling::kNone) {
     return normalization;
   }
-  const at::Tensor x = features.to(at::kDouble);
-  at::Tensor offset;
-  at::Tensor scale;
-  if (scaling == Scaling::kStandardize) {
-    offset = x.mean(0);
-    scale = (x - offset).pow(2).mean(0).sqrt();
-  } else {
-    offset = x.amin(0);
-    scale = x.amax(0) - offset;
+  const int64_t n_features = features.size(1);
+  at::Tensor offset = at::empty({n_features}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor scale = at::empty({n_features}, at::TensorOptions().dtype(at::kDouble));
+  constexpr int64_t kColumnsPerBlock = 32;
+  for (int64_t first = 0; first < n_features; first += kColumnsPerBlock) {
+    const int64_t columns = std::min(kColumnsPerBlock, n_features - first);
+    const at::Tensor x = features.narrow(1, first, columns).to(at::kDouble);
+    at::Tensor block_offset;
+    at::Tensor block_scale;
+    if (scaling == Scaling::kStandardize) {
+      block_offset = x.mean(0);
+      block_scale = (x - block_offset).pow(2).mean(0).sqrt();
+    } else {
+      block_offset = x.amin(0);
+      block_scale = x.amax(0) - block_offset;
+    }
+    offset.narrow(0, first, columns).copy_(block_offset);
+    scale.narrow(0, first, columns).copy_(block_scale);
   }
   scale.masked_fill_(scale == 0, 1.0);
   normalization.mean = offset.to(at::kFloat).contiguous();

@@ -49,11 +49,12 @@ Dataset read_csv(const std::string& path, const CsvOptions& options = {});
 /// error messages.
 Dataset parse_csv(std::string_view text, const std::string& source, const CsvOptions& options = {});
 
-/// Reads MNIST or Fashion-MNIST from the IDX files in `folder` through LibTorch's
-/// `torch::data::datasets::MNIST`: `train-images-idx3-ubyte` and `train-labels-idx1-ubyte` when `train`, else the
-/// `t10k-` pair. Files compressed as `NAME.gz` (as Debian's `dataset-fashion-mnist` ships them, in
-/// `/usr/share/datasets/fashion-mnist`) are decompressed into a temporary folder, read, and removed. Features are
-/// the 28×28 pixels flattened to `[N, 784]` and scaled to 0..1 (LibTorch divides by 255); labels are 0..9.
+/// Reads MNIST or Fashion-MNIST (or any IDX pair laid out as theirs) from the IDX files in `folder`:
+/// `train-images-idx3-ubyte` and `train-labels-idx1-ubyte` when `train`, else the `t10k-` pair, each possibly
+/// compressed as `NAME.gz` (as Debian's `dataset-fashion-mnist` ships them, in `/usr/share/datasets/fashion-mnist`).
+/// The files are decompressed in memory; any number of images of any size is read, the two files must hold the
+/// same count. Features are the pixels flattened to `[N, rows * columns]` and scaled to 0..1 as LibTorch's
+/// `torch::data::datasets::MNIST` scales them (a division by 255, bitwise the same); labels as stored.
 Dataset read_mnist(const std::string& folder, bool train = true);
 
 /// Options for make_synthetic().
@@ -91,6 +92,11 @@ struct DatasetSplit {
 /// `val_fraction` must be in [0, 1) and leave at least one training sample.
 DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed);
 
+/// The same split without a copy when `data` holds the only reference to its contiguous CPU tensors: the rows are
+/// reordered in place (training samples first, then validation samples, each in their original order) and the two
+/// parts are views of `data`'s storage. Otherwise, as split() above.
+DatasetSplit split(Dataset&& data, double val_fraction, uint64_t seed);
+
 /// How inputs are scaled before training.
 enum class Scaling {
   /// Inputs are used as they are.
@@ -127,6 +133,8 @@ struct Normalization {
   bool defined() const;
   /// `(features - mean) / std` on the features' device, or `features` itself when undefined.
   at::Tensor apply(const at::Tensor& features) const;
+  /// Scales `features` in place, as apply() would, without a copy; nothing when undefined.
+  void apply_(const at::Tensor& features) const;
   /// A copy of `data` with scaled features (the labels are shared).
   Dataset apply(const Dataset& data) const;
 };

@@ -235,17 +235,58 @@ TEST_F(MnistTest, MissingFilesSayWhatIsExpected) {
                 "dataset-fashion-mnist package installs Fashion-MNIST in /usr/share/datasets/fashion-mnist)");
 }
 
+TEST_F(MnistTest, ReadsAnyCountAndImageSize) {
+  write_idx(dir_.file("t10k-images-idx3-ubyte"), dir_.file("t10k-labels-idx1-ubyte"), 100, /*gz=*/true, /*rows=*/27);
+  const Dataset data = read_mnist(dir_.path().string(), /*train=*/false);
+  EXPECT_EQ(data.features.sizes(), (std::vector<int64_t>{100, 27 * 28}));
+  EXPECT_EQ(data.labels[57].item<int64_t>(), 7);
+  EXPECT_FLOAT_EQ(data.features[57][0].item<float>(), 57.0f / 255.0f);
+}
+
+// dkit reads the files itself (in memory, any count); LibTorch's reader, which wants exactly 10,000 test images on
+// disk, is the oracle for the values.
+TEST_F(MnistTest, GivesLibTorchsMnistValuesBitwise) {
+  write_idx(dir_.file("t10k-images-idx3-ubyte"), dir_.file("t10k-labels-idx1-ubyte"), 10000, /*gz=*/false);
+  const Dataset data = read_mnist(dir_.path().string(), /*train=*/false);
+  const torch::data::datasets::MNIST mnist(dir_.path().string(), torch::data::datasets::MNIST::Mode::kTest);
+  EXPECT_TRUE(torch::equal(data.features, mnist.images().reshape({10000, 784})));
+  EXPECT_TRUE(torch::equal(data.labels, mnist.targets()));
+}
+
 TEST_F(MnistTest, WrongCountsAndShapesAreErrors) {
   const std::string images = dir_.file("t10k-images-idx3-ubyte");
-  write_idx(images, dir_.file("t10k-labels-idx1-ubyte"), 100, /*gz=*/false);
+  const std::string labels = dir_.file("t10k-labels-idx1-ubyte");
+  write_idx(images, labels, 100, /*gz=*/false);
+  write_idx(dir_.file("unused"), labels, 99, /*gz=*/false);
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
-            "'" + images + "' holds 100 images; LibTorch's MNIST reader needs exactly 10000 for the test set");
-  write_idx(images, dir_.file("t10k-labels-idx1-ubyte"), 10000, /*gz=*/false, /*rows=*/27);
+            "'" + labels + "' holds 99 labels but '" + images + "' holds 100 images");
+  write_idx(images, labels, 0, /*gz=*/false);
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
-            "'" + images + "' holds 27x28 images; MNIST images are 28x28");
+            "'" + images + "' holds no images");
+  write_idx(images, labels, 10, /*gz=*/false, /*rows=*/0);
+  EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
+            "'" + images + "' holds 0x28 images");
+  write_idx(images, labels, 10, /*gz=*/false);
+  std::filesystem::resize_file(images, 16 + 9 * 784);
+  EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
+            "'" + images + "' is truncated: 7072 bytes, expected 7856");
   std::ofstream(images, std::ios::binary) << "not an idx file at all";
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
             "'" + images + "' is not an IDX image file (magic number 1852797984, expected 2051)");
+}
+
+TEST_F(MnistTest, AHeaderClaimingMoreThanTheFileHoldsIsAnErrorBeforeAnyAllocation) {
+  const std::string images = dir_.file("t10k-images-idx3-ubyte");
+  write_idx(images, dir_.file("t10k-labels-idx1-ubyte"), 10, /*gz=*/false);
+  std::string bytes = test::read_file(images);
+  bytes.replace(4, 4, std::string("\xff\xff\xff\xff", 4));
+  std::ofstream(images, std::ios::binary) << bytes;
+  EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
+            "'" + images + "' is truncated: 7856 bytes, expected 3367254359296");
+  bytes.replace(8, 8, std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8));
+  std::ofstream(images, std::ios::binary) << bytes;
+  EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
+            "'" + images + "' claims 4294967295 images of 4294967295x4294967295: more than a file can hold");
 }
 
 TEST_F(MnistTest, TruncatedGzippedFileIsAnError) {
@@ -325,6 +366,31 @@ TEST_F(SplitTest, PartsAreDisjointCoverEverythingAndAreSeeded) {
   EXPECT_EQ(parts.val.description, data.description + " [val: 20 of 101]");
 }
 
+TEST_F(SplitTest, AMovedDataSetIsSplitInPlaceIntoTheSameParts) {
+  for (const double fraction : {0.0, 0.1, 0.5}) {
+    Dataset data = make_synthetic(SyntheticOptions(1001, 5, 3));
+    const DatasetSplit copied = split(data, fraction, /*seed=*/4);
+    const void* storage = data.features.data_ptr();
+    const DatasetSplit moved = split(std::move(data), fraction, /*seed=*/4);
+    EXPECT_EQ(moved.train.features.data_ptr(), storage) << "the training part should be a view, not a copy";
+    for (const auto& [a, b] : {std::pair{&copied.train, &moved.train}, std::pair{&copied.val, &moved.val}}) {
+      EXPECT_TRUE(torch::equal(a->features, b->features)) << fraction;
+      EXPECT_TRUE(torch::equal(a->labels, b->labels)) << fraction;
+      EXPECT_EQ(a->description, b->description);
+      EXPECT_EQ(a->num_classes, b->num_classes);
+    }
+  }
+}
+
+TEST_F(SplitTest, ADataSetSharedElsewhereIsCopiedNotReordered) {
+  Dataset data = make_synthetic(SyntheticOptions(50, 2, 2));
+  const torch::Tensor kept = data.features;
+  const torch::Tensor before = kept.clone();
+  const DatasetSplit parts = split(std::move(data), 0.2, /*seed=*/1);
+  EXPECT_TRUE(torch::equal(kept, before));
+  EXPECT_NE(parts.train.features.data_ptr(), kept.data_ptr());
+}
+
 TEST_F(SplitTest, ZeroFractionGivesAnEmptyValidationPart) {
   const Dataset data = make_synthetic(SyntheticOptions(10, 3, 2));
   const DatasetSplit parts = split(data, 0.0, 1);
@@ -350,6 +416,32 @@ TEST_F(NormalizationTest, StandardizeGivesZeroMeanUnitStd) {
   EXPECT_TRUE(torch::allclose(y.mean(0), torch::zeros({4}), 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(y.std(0, /*unbiased=*/false), torch::ones({4}), 1e-4, 1e-4));
   EXPECT_TRUE(torch::allclose(norm.mean, x.mean(0), 1e-5, 1e-4));
+}
+
+// The fit reads the features a block of columns at a time, in float64; each column's statistics must be what the
+// whole-matrix formula gives, bit for bit, so that checkpoints do not change with the memory it saves.
+TEST_F(NormalizationTest, BlockwiseFitEqualsTheWholeMatrixFormula) {
+  for (const auto& [rows, columns] : {std::pair<int64_t, int64_t>{1, 1}, {7, 31}, {1000, 33}, {6000, 784}}) {
+    const auto x = torch::randn({rows, columns}) * 3 + torch::rand({columns}) * 100;
+    const auto d = x.to(torch::kDouble);
+    const auto mean = d.mean(0);
+    const Normalization standard = fit_normalization(x, Scaling::kStandardize);
+    EXPECT_TRUE(torch::equal(standard.mean, mean.to(torch::kFloat))) << rows << "x" << columns;
+    EXPECT_TRUE(torch::equal(standard.std, (d - mean).pow(2).mean(0).sqrt().masked_fill(
+                                               (d - mean).pow(2).mean(0).sqrt() == 0, 1.0).to(torch::kFloat)))
+        << rows << "x" << columns;
+    const Normalization minmax = fit_normalization(x, Scaling::kMinMax);
+    EXPECT_TRUE(torch::equal(minmax.mean, d.amin(0).to(torch::kFloat)));
+  }
+}
+
+TEST_F(NormalizationTest, AppliesInPlaceAsItAppliesToACopy) {
+  const auto x = torch::randn({40, 6}) * 5 + 2;
+  const Normalization norm = fit_normalization(x, Scaling::kStandardize);
+  const auto expected = norm.apply(x);
+  const auto view = x.narrow(0, 0, 40);
+  norm.apply_(view);
+  EXPECT_TRUE(torch::equal(x, expected));
 }
 
 TEST_F(NormalizationTest, ConstantFeatureNeverDividesByZero) {

@@ -22,23 +22,27 @@ Dataset load_data(const FullTrainConfig& c) {
 } // namespace
 
 TrainingData::TrainingData(const FullTrainConfig& config, const Device& device, int64_t rank, int64_t world_size) {
-  const Dataset all = load_data(config);
-  description = all.description;
-  checksum = data_checksum(all);
-  DatasetSplit parts = split(all, config.val_fraction, static_cast<uint64_t>(config.seed));
+  DatasetSplit parts;
+  {
+    Dataset all = load_data(config);
+    description = all.description;
+    checksum = data_checksum(all);
+    num_classes = all.num_classes;
+    parts = split(std::move(all), config.val_fraction, static_cast<uint64_t>(config.seed));
+  }
   normalization = fit_normalization(parts.train.features, config.scaling);
-  const Dataset train = normalization.apply(parts.train);
-  train_size = train.size();
+  normalization.apply_(parts.train.features);
+  train_size = parts.train.size();
   val_size = parts.val.size();
-  in_features = train.num_features();
-  num_classes = all.num_classes;
+  in_features = parts.train.num_features();
   if (val_size > 0) {
     const int64_t begin = val_size * rank / world_size;
     const int64_t end = val_size * (rank + 1) / world_size;
-    val_features = normalization.apply(parts.val.features).narrow(0, begin, end - begin).to(device);
+    normalization.apply_(parts.val.features);
+    val_features = parts.val.features.narrow(0, begin, end - begin).to(device);
     val_labels = parts.val.labels.narrow(0, begin, end - begin).to(device);
   }
-  loader.emplace(train, device,
+  loader.emplace(std::move(parts.train), device,
                  LoaderOptions(config.batch_size)
                      .shuffle(config.shuffle)
                      .drop_last(config.drop_last)
