@@ -49,7 +49,7 @@ for name, header in (("train-images-idx3-ubyte", 16), ("train-labels-idx1-ubyte"
 EOF
 }
 
-# peak_mb DIR PLACEMENT: peak RSS in MB of a one-step run on the IDX folder DIR.
+# peak_mb DIR PLACEMENT: peak RSS in MiB of a one-step run on the IDX folder DIR.
 peak_mb() {
   local kb
   kb=$(/usr/bin/time -v "$dkit" train --config configs/fashion_mnist.yaml --set "data.path=$1" \
@@ -61,7 +61,7 @@ peak_mb() {
 make_subset 1 "$work/p1"
 echo "dkit: $("$dkit" --version)"
 echo "machine: $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-9s %-9s %12s %12s %10s %16s\n' percent images "float32 MB" placement "peak MB" "over baseline"
+printf '%-9s %-9s %12s %12s %10s %16s\n' percent images "float32 MiB" placement "peak MiB" "over baseline"
 for placement in $placements; do
   baseline=$(peak_mb "$work/p1" "$placement")
   printf '%-9s %-9s %12s %12s %10s %16s\n' 1 600 1.9 "$placement" "$baseline" "(baseline)"
