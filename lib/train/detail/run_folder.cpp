@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <initializer_list>
 #include <utility>
 
 namespace dkit::detail {
