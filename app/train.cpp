@@ -60,7 +60,8 @@ std::string key_reference() {
 int run_train(Args args) {
   cxxopts::Options options(args.program,
                            "Train an MLP from a YAML config: the data set, model, optimizer, loader and device it "
-                           "names. Writes train.log, metrics.csv, summary.json and checkpoints/ into the run folder. Under torchrun, or "
+                           "names. Writes train.log, metrics.csv, summary.json and checkpoints/ into the run folder, "
+                           "and a TensorBoard event file with train.tensorboard: true. Under torchrun, or "
                            "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, each process trains "
                            "its share of every global batch and rank 0 writes the run folder (docs/distributed.md).");
   options.add_options()("c,config", "YAML config file", cxxopts::value<std::string>())(

@@ -20,6 +20,7 @@
 #include <dkit/distributed/gradient_reducer.h>
 #include <dkit/distributed/launch.h>
 #include <dkit/distributed/process_group.h>
+#include <dkit/metrics/event_file.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
 #include <dkit/train/config.h>

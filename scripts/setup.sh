@@ -22,6 +22,7 @@ torch_packages=(
   libgloo-dev                         # c10d's Gloo backend for multi-process training
   libopenblas0-openmp                 # OpenBLAS (OpenMP flavour, like LibTorch's threads) instead of the reference BLAS
   python3-torch                       # real PyTorch: the interop tests and the Python side of the benchmarks
+  python3-protobuf python3-crc32c     # the tests' independent reader of dkit's TensorBoard event files
   gnuplot-nox                         # bench/plot: CSV from dkit bench to PNG charts
 )
 sanitizer_packages=(

@@ -410,6 +410,9 @@ const std::vector<KeySpec>& key_specs() {
                          at_least<int64_t>(0, "at least 0 (0: at the end only)")),
       value_key<int64_t>("train.keep_checkpoints", &C::keep_checkpoints, 3,
                          "step-numbered checkpoints kept beside `last.pt`", at_least<int64_t>(0, "at least 0")),
+      value_key<bool>("train.tensorboard", &C::tensorboard, false,
+                      "also write the metrics as a TensorBoard event file (`events.out.tfevents.*`) in the run "
+                      "folder, a new one each time the run starts or resumes"),
       enum_key("loader.placement", &C::placement, kPlacementNames, Placement::kAuto,
                "`device` (whole data set on the device), `pinned` (prefetched through reused pinned buffers), "
                "`pageable`, or `auto` (pinned on a GPU, device on the CPU)"),

@@ -111,6 +111,8 @@ struct FullTrainConfig {
   int64_t checkpoint_every;
   /// `train.keep_checkpoints`.
   int64_t keep_checkpoints;
+  /// `train.tensorboard`: the metrics also go into a TensorBoard event file in the run folder.
+  bool tensorboard;
 
   /// `loader.placement`.
   Placement placement;

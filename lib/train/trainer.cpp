@@ -363,6 +363,9 @@ struct Trainer::Impl {
       join_ranks();
     }
     run->open_metrics(/*append=*/options.resume() != nullptr);
+    if (config.tensorboard) {
+      run->open_events(step);
+    }
     run->echo();
     const std::string processes = group ? fmt::format(" x {} processes ({}, global batch {})", world_size,
                                                       group->backend(), config.batch_size * world_size)

@@ -6,9 +6,29 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cmath>
+#include <initializer_list>
+#include <utility>
+
 namespace dkit::detail {
+namespace {
 
 namespace fs = std::filesystem;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void add_scalars(EventFileWriter& events, int64_t step, std::initializer_list<std::pair<const char*, double>> values) {
+  const double wall_time = now_seconds();
+  for (const auto& [tag, value] : values) {
+    events.add_scalar(tag, static_cast<float>(value), step, wall_time);
+  }
+  events.flush();
+}
+
+} // namespace
 
 RunFolder::RunFolder(const std::string& out_dir, bool writes, std::function<void(const LogLine&)> on_log)
     : path_(fs::absolute(out_dir).lexically_normal()), writes_(writes), on_log_(std::move(on_log)) {
@@ -71,10 +91,29 @@ void RunFolder::open_metrics(bool append) {
   }
 }
 
+void RunFolder::open_events(int64_t step) {
+  if (!writes_) {
+    return;
+  }
+  events_.emplace(path_.string());
+  if (step > 0) {
+    events_->add_restart(step + 1);
+    events_->flush();
+  }
+  log(LogLevel::kInfo, "TensorBoard event file " + events_->path());
+}
+
 void RunFolder::add_train_row(int64_t step, int64_t epoch, double loss, double accuracy, double lr, double rate) {
   if (metrics_.is_open()) {
     metrics_ << step << "," << epoch << "," << format_number(loss) << "," << format_number(accuracy) << ","
              << format_number(lr) << "," << format_number(rate) << ",,\n";
+  }
+  if (events_) {
+    add_scalars(*events_, step,
+                {{"train/loss", loss},
+                 {"train/accuracy", accuracy},
+                 {"train/lr", lr},
+                 {"train/samples_per_second", rate}});
   }
 }
 
@@ -83,6 +122,9 @@ void RunFolder::add_val_row(int64_t step, int64_t epoch, double val_loss, double
     metrics_ << step << "," << epoch << ",,,,," << format_number(val_loss) << "," << format_number(val_accuracy)
              << "\n";
     metrics_.flush();
+  }
+  if (events_ && !std::isnan(val_accuracy)) {
+    add_scalars(*events_, step, {{"val/loss", val_loss}, {"val/accuracy", val_accuracy}});
   }
 }
 

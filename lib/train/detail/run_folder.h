@@ -1,5 +1,6 @@
 #pragma once
 
+#include <dkit/metrics/event_file.h>
 #include <dkit/train/trainer.h>
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace spdlog {
@@ -15,9 +17,9 @@ class logger;
 
 namespace dkit::detail {
 
-/// A training run's folder and the files in it besides the checkpoints: `train.log`, `config.yaml`, `metrics.csv`
-/// and `summary.json`. Only the process that writes the run (rank 0) touches the disk; on other ranks every write
-/// is dropped.
+/// A training run's folder and the files in it besides the checkpoints: `train.log`, `config.yaml`, `metrics.csv`,
+/// `summary.json` and, with `train.tensorboard`, TensorBoard event files. Only the process that writes the run
+/// (rank 0) touches the disk; on other ranks every write is dropped.
 class RunFolder {
  public:
   /// The run in `out_dir`. With `writes`, the folder and its `checkpoints/` are created (the parent must exist)
@@ -51,9 +53,15 @@ class RunFolder {
   /// Opens `metrics.csv`; `append` continues an existing file (a resumed run), else it starts afresh with the
   /// header row.
   void open_metrics(bool append);
-  /// A training row of `metrics.csv`.
+  /// Opens a new TensorBoard event file; from now on each row of `metrics.csv` goes into it as scalars too. A run
+  /// that starts after step `step` (a resumed run) marks `step + 1` with a SessionLog START, so that TensorBoard
+  /// drops what an earlier process wrote after that step (past its last checkpoint) before it was stopped.
+  void open_events(int64_t step);
+  /// A training row of `metrics.csv`; with an event file, the scalars `train/loss`, `train/accuracy`, `train/lr` and
+  /// `train/samples_per_second` at `step`, flushed.
   void add_train_row(int64_t step, int64_t epoch, double loss, double accuracy, double lr, double rate);
-  /// A validation row of `metrics.csv`, flushed at once.
+  /// A validation row of `metrics.csv`, flushed at once; with an event file, the scalars `val/loss` and
+  /// `val/accuracy` at `step`, flushed (none when there is no validation part: `val_accuracy` is NaN).
   void add_val_row(int64_t step, int64_t epoch, double val_loss, double val_accuracy);
   /// Writes `summary.json`.
   void write_summary(const TrainSummary& summary);
@@ -65,6 +73,7 @@ class RunFolder {
   std::function<void(const LogLine&)> on_log_;
   std::shared_ptr<spdlog::logger> file_;
   std::ofstream metrics_;
+  std::optional<EventFileWriter> events_;
 };
 
 } // namespace dkit::detail
