@@ -19,15 +19,6 @@ bool scaler_kernels_on(const c10::Device& device) {
   return device.is_cuda() || (device.is_cpu() && compat::kAmpScalerKernelsOnCpu);
 }
 
-c10::ScalarType checked_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
-  DKIT_CHECK(dtype == c10::kBFloat16 || dtype == c10::kHalf, "autocast on ", c10::DeviceTypeName(device_type, true),
-             " supports bfloat16 and float16, not ", dtype_name(dtype));
-  DKIT_CHECK(device_type != c10::DeviceType::CPU || dtype != c10::kHalf || compat::kCpuAutocastFloat16,
-             "autocast in float16 on the cpu needs LibTorch 2.2 or later (this is ", TORCH_VERSION,
-             "): use bfloat16 on the cpu");
-  return dtype;
-}
-
 void unscale_with_tensor_ops(const std::vector<at::Tensor>& grads, at::Tensor& found_inf,
                              const at::Tensor& inv_scale) {
   for (const auto& grad : grads) {
@@ -60,12 +51,34 @@ const PickleValue& required_key(const PickleValue& state, const char* key) {
 
 } // namespace
 
+c10::ScalarType autocast_dtype_of(Precision precision) {
+  switch (precision) {
+    case Precision::kFloat32:
+      return c10::kFloat;
+    case Precision::kBFloat16:
+      return c10::kBFloat16;
+    case Precision::kFloat16:
+      return c10::kHalf;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled Precision ", static_cast<int>(precision));
+}
+
+void check_autocast(c10::DeviceType device_type, c10::ScalarType dtype) {
+  DKIT_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA,
+             "autocast supports the cpu and cuda, not ", c10::DeviceTypeName(device_type, true));
+  DKIT_CHECK(dtype == c10::kBFloat16 || dtype == c10::kHalf, "autocast on ", c10::DeviceTypeName(device_type, true),
+             " supports bfloat16 and float16, not ", dtype_name(dtype));
+  DKIT_CHECK(device_type != c10::DeviceType::CPU || dtype != c10::kHalf || compat::kCpuAutocastFloat16,
+             "autocast in float16 on the cpu needs LibTorch 2.2 or later (this is ", TORCH_VERSION,
+             "): use bfloat16 on the cpu");
+}
+
 AutocastGuard::AutocastGuard(AutocastOptions options) : device_type_(options.device_type()) {
   DKIT_CHECK(device_type_ == c10::DeviceType::CPU || device_type_ == c10::DeviceType::CUDA,
              "autocast supports the cpu and cuda, not ", c10::DeviceTypeName(device_type_, true));
   const c10::ScalarType dtype = options.dtype().value_or(compat::autocast_dtype(device_type_));
   if (options.enabled()) {
-    checked_autocast_dtype(device_type_, dtype);
+    check_autocast(device_type_, dtype);
   }
   const bool cache_enabled = options.cache_enabled().value_or(at::autocast::is_autocast_cache_enabled());
   previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <dkit/checkpoint/pickle_value.h>
+#include <dkit/core/enum_names.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,35 @@ class Optimizer;
 } // namespace torch::optim
 
 namespace dkit {
+
+/// The precision a run trains in (`train.precision`).
+enum class Precision {
+  /// float32 throughout.
+  kFloat32,
+  /// The forward pass under autocast to bfloat16; parameters, gradients and optimizer state stay float32.
+  kBFloat16,
+  /// The forward pass under autocast to float16, the loss scaled by a GradScaler.
+  kFloat16,
+};
+
+/// The name of each Precision, as `train.precision` spells it.
+inline constexpr EnumNames<Precision, 3> kPrecisionNames = {{
+    {Precision::kFloat32, "fp32"},
+    {Precision::kBFloat16, "bf16"},
+    {Precision::kFloat16, "fp16"},
+}};
+
+/// The name kPrecisionNames gives `precision`.
+inline std::string to_string(Precision precision) {
+  return std::string(name_of(kPrecisionNames, precision));
+}
+
+/// The dtype autocast runs in for `precision`: bfloat16, float16, or float32 for kFloat32 (no autocast).
+c10::ScalarType autocast_dtype_of(Precision precision);
+
+/// Throws the error AutocastGuard's constructor would for autocast on `device_type` in `dtype`: a device type
+/// other than the CPU and CUDA, a dtype other than bfloat16 and float16, float16 on the CPU before LibTorch 2.2.
+void check_autocast(c10::DeviceType device_type, c10::ScalarType dtype);
 
 /// What an AutocastGuard turns on: `torch.autocast`'s arguments.
 struct AutocastOptions {
