@@ -23,6 +23,7 @@
 #include <dkit/metrics/event_file.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/amp.h>
 #include <dkit/train/config.h>
 #include <dkit/train/optim.h>
 #include <dkit/train/step.h>

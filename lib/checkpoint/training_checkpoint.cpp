@@ -81,6 +81,9 @@ void save_training_checkpoint(const std::string& path, const TrainingCheckpoint&
   root.set("config", checkpoint.config);
   root.set("data_checksum", checkpoint.data_checksum);
   root.set("world_size", checkpoint.world_size);
+  if (!checkpoint.scaler_state_dict.is_none()) {
+    root.set("scaler", checkpoint.scaler_state_dict);
+  }
   write_torch_file(path, root);
 }
 
@@ -138,6 +141,10 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
     checkpoint.world_size = fields.integer("world_size");
     DKIT_CHECK(checkpoint.world_size >= 1, source, ": 'world_size' is ", checkpoint.world_size,
                ", expected at least 1");
+  }
+  if (const PickleValue* scaler = fields.find("scaler")) {
+    DKIT_CHECK(scaler->is_dict(), source, ": 'scaler' is a ", scaler->type_name(), ", expected a dict");
+    checkpoint.scaler_state_dict = *scaler;
   }
   return checkpoint;
 }

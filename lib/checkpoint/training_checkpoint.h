@@ -56,8 +56,8 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleV
 /// Everything needed to continue training exactly where it stopped. Saved as a torch.save-compatible file
 /// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict with
 /// `nn.Sequential` names), `model`, `input_mean`/`input_std` (when set), `optimizer_state_dict`, `step`,
-/// `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor, ...]}`), `config`, `data_checksum` and
-/// `world_size` (absent from files written before it, read as 1).
+/// `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor, ...]}`), `config`, `data_checksum`,
+/// `world_size` (absent from files written before it, read as 1) and, for an fp16 run, `scaler`.
 struct TrainingCheckpoint {
   /// The model's parameters and buffers (see module_state_dict()).
   StateDict model_state_dict{"state dict key"};
@@ -85,6 +85,9 @@ struct TrainingCheckpoint {
   /// this entry existed). With `train.batch_size` from `config` it gives the global batch that `epoch_step`
   /// counts in, so that a run can resume with another number of processes.
   int64_t world_size = 1;
+  /// The loss scaler's state in the layout of Python's `GradScaler.state_dict()`, saved as `scaler` (the name
+  /// PyTorch's AMP examples save it under) when it is not None: an fp16 run's; None for the other precisions.
+  PickleValue scaler_state_dict;
 };
 
 /// Writes `checkpoint` to `path` atomically (see write_torch_file()). Python's `torch.load(path)` reads it.

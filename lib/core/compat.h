@@ -4,6 +4,7 @@
 // live here, so that the rest of the code is written once.
 
 #include <dkit/config.h>
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #include <chrono>
@@ -80,6 +81,66 @@ Options tcp_store_options(uint16_t port, bool is_server, std::chrono::millisecon
 // `Store::set/get/add/check/wait(keys, timeout)`, `PrefixStore`, `ProcessGroupGloo::Options::create(timeout)` with
 // `devices` and `threads`, `ProcessGroupGloo::createDeviceForHostname/ForInterface`, `ProcessGroupNCCL::Options::
 // create()` with the `timeout` of its base, `AllreduceOptions`/`BroadcastOptions`, `c10d::Work::wait(timeout)`.
+
+/// Whether ATen's gradient-scaler kernels (`_amp_foreach_non_finite_check_and_unscale_`, `_amp_update_scale_`) have
+/// a CPU implementation: CUDA-only in 1.13, CPU too from 2.3 (`torch.amp.GradScaler("cpu")`). Where they do not,
+/// dkit::GradScaler computes the same results with plain tensor operations.
+constexpr bool kAmpScalerKernelsOnCpu = DKIT_TORCH_AT_LEAST(2, 3);
+
+/// Whether CPU autocast can run in float16: 1.13 autocasts the CPU to bfloat16 only (Python warns and disables
+/// autocast for float16 there); float16 came with 2.2 (pytorch/pytorch#112484).
+constexpr bool kCpuAutocastFloat16 = DKIT_TORCH_AT_LEAST(2, 2);
+
+// Autocast's thread-local state, per device type. 2.4 made it one API over the device type
+// (`set_autocast_enabled(device_type, …)`, `set_autocast_dtype(device_type, …)`) and deprecated the per-device
+// functions that 1.13 has (`set_cpu_enabled`/`set_autocast_cpu_dtype` for the CPU, `set_enabled`/
+// `set_autocast_gpu_dtype` for CUDA). `increment_nesting`, `decrement_nesting`, `clear_cache` and
+// `is/set_autocast_cache_enabled` are the same in both. Only the CPU and CUDA are handled (the caller checks).
+
+/// Whether autocast is on for `device_type` (kCPU or kCUDA) in this thread.
+inline bool autocast_enabled(c10::DeviceType device_type) {
+#if DKIT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device_type);
+#else
+  return device_type == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+
+/// Turns autocast on or off for `device_type` (kCPU or kCUDA) in this thread.
+inline void set_autocast_enabled(c10::DeviceType device_type, bool enabled) {
+#if DKIT_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device_type, enabled);
+#else
+  if (device_type == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+  } else {
+    at::autocast::set_enabled(enabled);
+  }
+#endif
+}
+
+/// The dtype autocast runs eligible ops in on `device_type` (kCPU or kCUDA) in this thread.
+inline c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
+#if DKIT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device_type);
+#else
+  return device_type == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                             : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+/// Sets the dtype autocast runs eligible ops in on `device_type` (kCPU or kCUDA) in this thread.
+inline void set_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
+#if DKIT_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device_type, dtype);
+#else
+  if (device_type == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
+}
 
 // lib/data and lib/metrics use only APIs present in both versions: `at::cuda::CUDAEvent` (record, block,
 // synchronize), `c10::cuda::getStreamFromPool(bool, DeviceIndex)`, `c10::cuda::CUDAStreamGuard`,

@@ -7,6 +7,7 @@
 #include <dkit/device/device.h>
 #include <dkit/distributed/process_group.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/amp.h>
 
 #include <yaml-cpp/yaml.h>
 
@@ -397,6 +398,9 @@ const std::vector<KeySpec>& key_specs() {
                         {[](double lr) { return lr > 0.0 && std::isfinite(lr); }, "a positive number"}),
       enum_key("train.optimizer", &C::optimizer, kOptimizerNames, OptimizerKind::kAdam,
                list_names(kOptimizerNames, " or ", "`")),
+      enum_key("train.precision", &C::precision, kPrecisionNames, Precision::kFloat32,
+               "`fp32`, or the forward pass under autocast in `bf16`, or in `fp16` with a loss scaler (one "
+               "device read per step); `bf16` and `fp16` train through autograd, not the written-out step"),
       value_key<double>("train.momentum", &C::momentum, 0.9, "SGD momentum, in [0, 1); other optimizers ignore it",
                         fraction()),
       value_key<double>("train.weight_decay", &C::weight_decay, 0.0,

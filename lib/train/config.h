@@ -12,11 +12,12 @@
 namespace dkit {
 
 // Declared with their name tables in the modules that use them (model/mlp.h, data/dataset.h, data/loader.h,
-// distributed/process_group.h); config.cpp includes those, this header stays free of LibTorch.
+// distributed/process_group.h, train/amp.h); config.cpp includes those, this header stays free of LibTorch.
 enum class Activation;
 enum class Scaling;
 enum class Placement;
 enum class Backend;
+enum class Precision;
 
 /// Where `data.source` reads samples from.
 enum class DataSource {
@@ -101,6 +102,8 @@ struct FullTrainConfig {
   double lr;
   /// `train.optimizer`.
   OptimizerKind optimizer;
+  /// `train.precision`.
+  Precision precision;
   /// `train.momentum` (SGD).
   double momentum;
   /// `train.weight_decay`.

@@ -12,6 +12,7 @@
 #include <dkit/train/detail/checkpoint_policy.h>
 #include <dkit/train/detail/rank_agreement.h>
 #include <dkit/train/detail/run_folder.h>
+#include <dkit/train/amp.h>
 #include <dkit/train/detail/training_data.h>
 #include <dkit/train/optim.h>
 #include <dkit/train/step.h>
@@ -90,6 +91,7 @@ struct Trainer::Impl {
   std::optional<CheckpointFolder> folder;
   std::unique_ptr<GradientReducer> reducer;
   std::vector<Device> data_parallel_devices;
+  std::optional<GradScaler> scaler;
 
   int64_t step = 0;
   int64_t epoch = 0;
@@ -155,6 +157,24 @@ struct Trainer::Impl {
                      to_string(config.optimizer), config.lr));
   }
 
+  void setup_precision() {
+    if (config.precision == Precision::kFloat32) {
+      return;
+    }
+    try {
+      check_autocast(device.type(), autocast_dtype_of(config.precision));
+    } catch (const Error& e) {
+      throw Error(fmt::format("train.precision {} on {}: {}", to_string(config.precision), device.str(), e.what()));
+    }
+    if (config.precision == Precision::kFloat16) {
+      scaler.emplace();
+    }
+    info(fmt::format("precision: the forward pass under autocast to {}{}; parameters, gradients and optimizer "
+                     "state float32",
+                     dtype_name(autocast_dtype_of(config.precision)),
+                     scaler ? ", the loss scaled by a GradScaler" : ""));
+  }
+
   void setup_data_parallel() {
     if (!config.dist_data_parallel) {
       return;
@@ -165,6 +185,9 @@ struct Trainer::Impl {
                group ? group->rank() : 0, " of a ", world_size,
                "-process run: with torchrun use one process per GPU and dist.data_parallel: false");
     DKIT_CHECK(device.is_cuda(), "dist.data_parallel needs device cuda, but the device is ", device.str());
+    DKIT_CHECK(config.precision == Precision::kFloat32, "dist.data_parallel trains in fp32 only (train.precision is ",
+               to_string(config.precision), "): autocast is set per thread and DataParallel's replicas run on ",
+               "threads of their own; set train.precision: fp32, or run one process per GPU with torchrun");
     data_parallel_devices.push_back(device);
     for (int64_t i = 0; i < num_gpus(); ++i) {
       if (gpu(i) != device) {
@@ -197,6 +220,9 @@ struct Trainer::Impl {
                data->checksum, "); start a new run instead");
     load_state_dict(*model, checkpoint.model_state_dict, LoadStateDictOptions().source(point.source));
     load_optimizer_state_dict(*optimizer, checkpoint.optimizer_state_dict, point.source);
+    if (scaler && !checkpoint.scaler_state_dict.is_none()) {
+      scaler->load_state_dict(checkpoint.scaler_state_dict);
+    }
     restore_rng_state(checkpoint.rng);
     step = checkpoint.step;
     epoch = checkpoint.epoch;
@@ -322,6 +348,9 @@ struct Trainer::Impl {
     checkpoint.config = to_yaml(config);
     checkpoint.data_checksum = data->checksum;
     checkpoint.world_size = world_size;
+    if (scaler) {
+      checkpoint.scaler_state_dict = scaler->state_dict();
+    }
     summary.checkpoint = folder->save(checkpoint);
     info("checkpoint " + summary.checkpoint);
   }
@@ -352,6 +381,7 @@ struct Trainer::Impl {
     run->write_config(to_yaml(config));
     setup_data();
     setup_model();
+    setup_precision();
     setup_data_parallel();
     if (main()) {
       folder.emplace(run->path().string(), CheckpointFolderOptions().keep(config.keep_checkpoints));
@@ -388,16 +418,27 @@ struct Trainer::Impl {
       for (auto& param : model->parameters()) {
         param.mutable_grad() = at::Tensor();
       }
-      const auto logits = data_parallel_devices.empty()
-                              ? model->forward(batch.features)
-                              : data_parallel_forward(model, batch.features, data_parallel_devices);
+      std::optional<AutocastGuard> autocast;
+      if (config.precision != Precision::kFloat32) {
+        autocast.emplace(device.type(), autocast_dtype_of(config.precision));
+      }
+      auto logits = data_parallel_devices.empty() ? model->forward(batch.features)
+                                                  : data_parallel_forward(model, batch.features, data_parallel_devices);
+      autocast.reset();
+      logits = logits.to(torch::kFloat);
       const auto loss_sum = torch::nn::functional::cross_entropy(
           logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-      (loss_sum / static_cast<double>(batch.global_samples)).backward();
+      const auto loss = loss_sum / static_cast<double>(batch.global_samples);
+      (scaler ? scaler->scale(loss) : loss).backward();
       if (reducer) {
         reducer->synchronize();
       }
-      optimizer->step();
+      if (scaler) {
+        scaler->step(*optimizer);
+        scaler->update();
+      } else {
+        optimizer->step();
+      }
       metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch.labels).sum()});
     }
     ++step;
@@ -437,7 +478,7 @@ struct Trainer::Impl {
     MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
     const int64_t syncs_before = host_sync_count();
     std::optional<TrainStep> written_out;
-    if (!reducer && data_parallel_devices.empty()) {
+    if (!reducer && data_parallel_devices.empty() && config.precision == Precision::kFloat32) {
       written_out.emplace(model, *optimizer);
     }
     int64_t last_validated_step = -1;

@@ -4,6 +4,7 @@
 #include <dkit/data/loader.h>
 #include <dkit/distributed/process_group.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/amp.h>
 
 #include "../support.h"
 
@@ -83,13 +84,15 @@ TEST_F(ConfigTest, SetPathIsRelativeToTheCurrentFolder) {
 TEST_F(ConfigTest, UnknownKeysAreErrorsThatNameTheKey) {
   EXPECT_EQ(error_message([] { parse_config("train:\n  epochs: 3\n  lrr: 0.1\n", "test.yaml", "/base"); }),
             "unknown config key 'train.lrr' (test.yaml line 3); known keys in 'train': epochs, max_steps, batch_size, "
-            "lr, optimizer, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints, tensorboard");
+            "lr, optimizer, precision, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
+            "tensorboard");
   EXPECT_EQ(error_message([] { parse_config("devcie: cpu\n", "test.yaml", "/base"); }),
             "unknown config key 'devcie' (test.yaml line 1); known keys: device, seed, threads, data, model, train, "
             "loader, dist");
   EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"train.lrr=1"}); }),
             "unknown config key 'train.lrr' (--set train.lrr=1); known keys in 'train': epochs, max_steps, batch_size, "
-            "lr, optimizer, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints, tensorboard");
+            "lr, optimizer, precision, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
+            "tensorboard");
   EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"a.b.c=1"}); }),
             "unknown config key 'a.b.c' (--set a.b.c=1); known keys: device, seed, threads, data, model, train, "
             "loader, dist");
@@ -160,8 +163,9 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
       "device=cpu", "seed=5", "threads=1", "data.source=mnist", "data.path=/data/mnist", "data.label_column=2",
       "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
       "model.hidden=[7, 5]", "model.activation=tanh", "model.dropout=0.5", "train.epochs=2", "train.max_steps=9",
-      "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.momentum=0.5", "train.weight_decay=0.01",
-      "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1", "train.tensorboard=true",
+      "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.precision=bf16", "train.momentum=0.5",
+      "train.weight_decay=0.01", "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
+      "train.tensorboard=true",
       "loader.placement=pageable", "loader.prefetch=3", "loader.shuffle=false", "loader.drop_last=true",
       "dist.backend=gloo", "dist.timeout_seconds=9", "dist.data_parallel=true"};
   ASSERT_EQ(every_key.size(), config_keys().size());
@@ -183,6 +187,7 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
   EXPECT_EQ(first.dist_backend, Backend::kGloo);
   EXPECT_EQ(first.activation, Activation::kTanh);
   EXPECT_EQ(first.data_source, DataSource::kMnist);
+  EXPECT_EQ(first.precision, Precision::kBFloat16);
 }
 
 TEST_F(ConfigTest, DocumentedDefaultsAreTheDefaults) {
@@ -214,7 +219,7 @@ TEST_F(ConfigTest, EveryEnumKeyListsItsNamesAndRejectsOthers) {
               "config key '" + key.name + "' (--set " + key.name + "=bogus) must be one of " + listing +
                   ", got 'bogus'");
   }
-  EXPECT_EQ(enum_keys, 6);
+  EXPECT_EQ(enum_keys, 7);
 }
 
 TEST_F(ConfigTest, AValueOfTheWrongTypeInTrainConfigIsAnError) {
@@ -241,7 +246,7 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
     EXPECT_FALSE(key.meaning.empty()) << key.name;
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
   }
-  EXPECT_EQ(names.size(), 32u);
+  EXPECT_EQ(names.size(), 33u);
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {

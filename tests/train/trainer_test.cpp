@@ -1,6 +1,7 @@
 #include <dkit/train/trainer.h>
 
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/compat.h>
 #include <dkit/distributed/data_parallel.h>
 #include <dkit/device/host_sync.h>
 
@@ -14,6 +15,8 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+
+#include <torch/version.h>
 
 namespace dkit {
 namespace {
@@ -157,6 +160,59 @@ TEST_F(TrainerTest, ResumeWithTheWrittenOutBackwardAndFusedAdamIsBitwiseExact) {
   const TrainSummary rest =
       train(small_run(keys), tmp_.file("split"), found->checkpoint);
   EXPECT_EQ(rest.steps, 30);
+  expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
+}
+
+// train.precision: bf16 runs the forward pass under autocast through autograd (not the written-out step); a run
+// stopped and resumed ends with the same weights bitwise, as in fp32.
+TEST_F(TrainerTest, Bf16ResumeFromACheckpointIsBitwiseExact) {
+  const std::vector<std::string> keys = {"train.precision=bf16", "train.checkpoint_every=7"};
+  const TrainSummary whole = train(small_run(keys), tmp_.file("whole"));
+  EXPECT_EQ(whole.steps, 30);
+  auto first = keys;
+  first.push_back("train.max_steps=17");
+  train(small_run(first), tmp_.file("split"));
+  const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_TRUE(found->checkpoint.scaler_state_dict.is_none()) << "bf16 needs no loss scaler";
+  train(small_run(keys), tmp_.file("split"), found->checkpoint);
+  expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
+  const std::string log = test::read_file(tmp_.file("whole/train.log"));
+  EXPECT_NE(log.find("precision: the forward pass under autocast to bfloat16"), std::string::npos) << log;
+}
+
+TEST_F(TrainerTest, Bf16WeightsDifferFromFp32Weights) {
+  train(small_run(), tmp_.file("fp32"));
+  train(small_run({"train.precision=bf16"}), tmp_.file("bf16"));
+  const StateDict fp32 = final_weights(tmp_.file("fp32"));
+  const StateDict bf16 = final_weights(tmp_.file("bf16"));
+  EXPECT_EQ(bf16["0.weight"].scalar_type(), torch::kFloat) << "the parameters stay float32";
+  EXPECT_FALSE(torch::equal(fp32["0.weight"], bf16["0.weight"])) << "the bf16 run did not autocast";
+}
+
+// fp16 on the CPU: a clear error where LibTorch cannot autocast to float16 there (1.13), else a run whose
+// checkpoint carries the loss scaler's state under 'scaler' and resumes bitwise.
+TEST_F(TrainerTest, Fp16OnTheCpuResumesWithItsScalerOrIsRefused) {
+  const std::vector<std::string> keys = {"train.precision=fp16", "train.checkpoint_every=7"};
+  if (!compat::kCpuAutocastFloat16) {
+    EXPECT_EQ(error_message([&] { train(small_run(keys), tmp_.file("run")); }),
+              std::string("train.precision fp16 on cpu: autocast in float16 on the cpu needs LibTorch 2.2 or later "
+                          "(this is ") +
+                  TORCH_VERSION + "): use bfloat16 on the cpu");
+    return;
+  }
+  train(small_run(keys), tmp_.file("whole"));
+  auto first = keys;
+  first.push_back("train.max_steps=17");
+  train(small_run(first), tmp_.file("split"));
+  const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  const PickleValue& scaler = found->checkpoint.scaler_state_dict;
+  ASSERT_TRUE(scaler.is_dict());
+  EXPECT_EQ(scaler.find("growth_interval")->to_int(), 2000);
+  EXPECT_LE(scaler.find("scale")->to_double(), 65536.0);
+  EXPECT_LE(scaler.find("_growth_tracker")->to_int(), 17);
+  train(small_run(keys), tmp_.file("split"), found->checkpoint);
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
 
