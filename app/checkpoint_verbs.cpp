@@ -1,5 +1,6 @@
 #include "commands.h"
 
+#include <dkit/checkpoint/safetensors.h>
 #include <dkit/checkpoint/state_dict.h>
 #include <dkit/checkpoint/torch_file.h>
 #include <dkit/checkpoint/training_checkpoint.h>
@@ -52,13 +53,23 @@ struct LimitSetter {
 constexpr LimitSetter kLimits[] = {
     {"max_file_bytes", &ReadLimits::max_file_bytes},     {"max_record_bytes", &ReadLimits::max_record_bytes},
     {"max_records", &ReadLimits::max_records},           {"max_pickle_bytes", &ReadLimits::max_pickle_bytes},
-    {"max_depth", &ReadLimits::max_depth},               {"max_memo", &ReadLimits::max_memo},
-    {"max_values", &ReadLimits::max_values},
+    {"max_header_bytes", &ReadLimits::max_header_bytes}, {"max_depth", &ReadLimits::max_depth},
+    {"max_memo", &ReadLimits::max_memo},                 {"max_values", &ReadLimits::max_values},
 };
 
-const char* const kLimitHelp =
-    "tighten a limit on reading the file, NAME=VALUE (repeatable): max_file_bytes, max_record_bytes, max_records, "
-    "max_pickle_bytes, max_depth, max_memo, max_values";
+// The names of kLimits, `a, b, c`.
+std::string limit_names() {
+  std::string names;
+  for (const auto& limit : kLimits) {
+    names += (names.empty() ? "" : ", ") + std::string(limit.name);
+  }
+  return names;
+}
+
+// The help of `--limit`.
+std::string limit_help() {
+  return "tighten a limit on reading the file, NAME=VALUE (repeatable): " + limit_names();
+}
 
 // The read limits given as `--limit NAME=VALUE`, the others at their defaults.
 ReadLimits read_limits(const cxxopts::ParseResult& result) {
@@ -77,12 +88,77 @@ ReadLimits read_limits(const cxxopts::ParseResult& result) {
                "' is not a positive integer");
     const auto* found = std::find_if(std::begin(kLimits), std::end(kLimits),
                                      [&](const LimitSetter& limit) { return name == limit.name; });
-    DKIT_CHECK(found != std::end(kLimits), "--limit: unknown limit '", name,
-               "' (limits: max_file_bytes, max_record_bytes, max_records, max_pickle_bytes, max_depth, max_memo, "
-               "max_values)");
+    DKIT_CHECK(found != std::end(kLimits), "--limit: unknown limit '", name, "' (limits: ", limit_names(), ")");
     (limits.*(found->set))(value);
   }
   return limits;
+}
+
+// The row of `inspect`'s table for one tensor; `device` is the device it was saved on, if the file says.
+TensorRow tensor_row(const std::string& name, const at::Tensor& tensor, const std::string& device) {
+  std::ostringstream shape;
+  shape << tensor.sizes();
+  return {name, shape.str(), tensor.sizes().vec(), dtype_name(tensor.scalar_type()), device};
+}
+
+// `json` on one line, non-ASCII text as it is.
+void print_json(const nlohmann::ordered_json& json) {
+  std::cout << json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                         nlohmann::ordered_json::error_handler_t::replace)
+            << "\n";
+}
+
+// `tensors: N`, then a table of name, shape, dtype and, `with_device`, the device each was saved on.
+void print_table(const std::vector<TensorRow>& rows, bool with_device) {
+  std::cout << "tensors: " << rows.size() << "\n";
+  size_t name_width = 4;
+  size_t shape_width = 5;
+  size_t dtype_width = 5;
+  for (const auto& row : rows) {
+    name_width = std::max(name_width, row.name.size());
+    shape_width = std::max(shape_width, row.shape.size());
+    dtype_width = std::max(dtype_width, row.dtype.size());
+  }
+  const auto pad = [](const std::string& text, size_t width) { return text + std::string(width - text.size() + 2, ' '); };
+  const auto last = [&](const std::string& dtype, const std::string& device) {
+    return with_device ? pad(dtype, dtype_width) + device : dtype;
+  };
+  if (!rows.empty()) {
+    std::cout << pad("name", name_width) << pad("shape", shape_width) << last("dtype", "device") << "\n";
+  }
+  for (const auto& row : rows) {
+    std::cout << pad(row.name, name_width) << pad(row.shape, shape_width) << last(row.dtype, row.device) << "\n";
+  }
+}
+
+// What `dkit inspect` prints for a safetensors file: its format and metadata (as one line of JSON), then its
+// tensors.
+void print_safetensors(const std::string& path, const SafetensorsFile& file, bool json) {
+  std::vector<TensorRow> rows;
+  for (const auto& item : file.tensors) {
+    rows.push_back(tensor_row(item.key(), item.value(), ""));
+  }
+  nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+  for (const auto& [key, value] : file.metadata) {
+    metadata[key] = value;
+  }
+  if (json) {
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+    for (const auto& row : rows) {
+      tensors.push_back({{"name", row.name}, {"shape", row.sizes}, {"dtype", row.dtype}});
+    }
+    print_json({{"format", "safetensors"},
+                {"file", path},
+                {"metadata", std::move(metadata)},
+                {"tensors", std::move(tensors)}});
+    return;
+  }
+  std::cout << "format: safetensors\n";
+  if (!file.metadata.empty()) {
+    std::cout << "metadata: ";
+    print_json(metadata);
+  }
+  print_table(rows, /*with_device=*/false);
 }
 
 void write_logits(std::ostream& out, const at::Tensor& logits) {
@@ -100,13 +176,17 @@ void write_logits(std::ostream& out, const at::Tensor& logits) {
 } // namespace
 
 int run_inspect(Args args) {
-  cxxopts::Options options(args.program, "List the tensors in a PyTorch or dkit checkpoint: the file's format, then "
-                                         "each tensor's name, shape, dtype and the device it was saved on. Reads "
-                                         "torch.save files safely: nothing in them is executed.");
+  cxxopts::Options options(args.program, "List the tensors in a PyTorch, dkit or safetensors checkpoint: the file's "
+                                         "format, then each tensor's name, shape, dtype and the device it was saved "
+                                         "on (a safetensors file records no device; its metadata is listed "
+                                         "instead). Reads torch.save files safely: nothing in them is executed. A "
+                                         "FILE ending in .safetensors is read as one, any other as torch.save's.");
   options.positional_help("FILE");
   options.add_options()("file", "the file to inspect", cxxopts::value<std::string>())(
-      "json", "print JSON: {\"format\": ..., \"tensors\": [{\"name\", \"shape\", \"dtype\", \"device\"}, ...]}")(
-      "limit", kLimitHelp, cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
+      "json", "print JSON: {\"format\": ..., \"tensors\": [{\"name\", \"shape\", \"dtype\", \"device\"}, ...]}; for "
+              "safetensors {\"format\": \"safetensors\", \"metadata\": {...}, \"tensors\": [{\"name\", \"shape\", "
+              "\"dtype\"}, ...]}")(
+      "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   options.parse_positional({"file"});
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
@@ -115,30 +195,30 @@ int run_inspect(Args args) {
   }
   DKIT_CHECK(result.count("file") != 0, "inspect needs a FILE (see --help)");
   const std::string path = result["file"].as<std::string>();
-  const TorchFile file = read_torch_file(path, ReadOptions().limits(read_limits(result)));
+  const ReadOptions read_options = ReadOptions().limits(read_limits(result));
+  const bool json = result["json"].as<bool>();
+  if (is_safetensors_path(path)) {
+    print_safetensors(path, read_safetensors(path, read_options), json);
+    return 0;
+  }
+  const TorchFile file = read_torch_file(path, read_options);
   std::string state_dict_key;
   const std::string format = format_of(file.root, state_dict_key);
   std::vector<TensorRow> rows;
   for_each_tensor(file.root, [&](const std::string& name, const PickleValue& value) {
-    const at::Tensor& tensor = value.to_tensor();
-    std::ostringstream shape;
-    shape << tensor.sizes();
-    rows.push_back({name, shape.str(), tensor.sizes().vec(), dtype_name(tensor.scalar_type()), value.saved_on()});
+    rows.push_back(tensor_row(name, value.to_tensor(), value.saved_on()));
   });
 
-  if (result["json"].as<bool>()) {
+  if (json) {
     nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (const auto& row : rows) {
       tensors.push_back({{"name", row.name}, {"shape", row.sizes}, {"dtype", row.dtype}, {"device", row.device}});
     }
-    const nlohmann::ordered_json json = {{"format", format},
-                                         {"file", path},
-                                         {"archive", file.archive},
-                                         {"version", file.version},
-                                         {"tensors", std::move(tensors)}};
-    std::cout << json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
-                           nlohmann::ordered_json::error_handler_t::replace)
-              << "\n";
+    print_json({{"format", format},
+                {"file", path},
+                {"archive", file.archive},
+                {"version", file.version},
+                {"tensors", std::move(tensors)}});
     return 0;
   }
   std::cout << "format: " << format;
@@ -146,23 +226,7 @@ int run_inspect(Args args) {
     std::cout << " (state dict under '" << state_dict_key << "')";
   }
   std::cout << "; torch.save zip archive '" << file.archive << "', version " << file.version << "\n";
-  std::cout << "tensors: " << rows.size() << "\n";
-  size_t name_width = 4;
-  size_t shape_width = 5;
-  size_t dtype_width = 5;
-  for (const auto& row : rows) {
-    name_width = std::max(name_width, row.name.size());
-    shape_width = std::max(shape_width, row.shape.size());
-    dtype_width = std::max(dtype_width, row.dtype.size());
-  }
-  const auto pad = [](const std::string& text, size_t width) { return text + std::string(width - text.size() + 2, ' '); };
-  if (!rows.empty()) {
-    std::cout << pad("name", name_width) << pad("shape", shape_width) << pad("dtype", dtype_width) << "device\n";
-  }
-  for (const auto& row : rows) {
-    std::cout << pad(row.name, name_width) << pad(row.shape, shape_width) << pad(row.dtype, dtype_width)
-              << row.device << "\n";
-  }
+  print_table(rows, /*with_device=*/true);
   return 0;
 }
 
@@ -170,11 +234,14 @@ int run_export(Args args) {
   cxxopts::Options options(args.program,
                            "Write a model for Python: a file that torch.load reads as a plain dict of tensors named "
                            "as nn.Sequential names them (0.weight, 0.bias, 2.weight, ...), plus input_mean and "
-                           "input_std when training normalised its inputs. Reads a dkit checkpoint or a PyTorch MLP "
-                           "state dict.");
+                           "input_std when training normalised its inputs; a safetensors file of the same tensors "
+                           "when --output ends in .safetensors. Reads a dkit checkpoint or a PyTorch MLP state dict "
+                           "(torch.save or safetensors).");
   options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
-                        cxxopts::value<std::string>())("output", "the file to write", cxxopts::value<std::string>())(
-      "limit", kLimitHelp, cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
+                        cxxopts::value<std::string>())(
+      "output", "the file to write: FILE.safetensors for safetensors, any other name for torch.save's format",
+      cxxopts::value<std::string>())(
+      "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
     std::cout << options.help();
@@ -195,14 +262,16 @@ int run_predict(Args args) {
   cxxopts::Options options(args.program,
                            "Print the logits of a model for each row of a CSV file (numbers only, no header, one "
                            "sample per row), one row of logits per input row, in full float precision. Reads a dkit "
-                           "checkpoint, applying the input normalisation it stored, or a PyTorch MLP state dict.");
+                           "checkpoint, applying the input normalisation it stored, or a PyTorch MLP state dict, "
+                           "in a torch.save file or a safetensors file (a name ending in .safetensors), applying "
+                           "input_mean and input_std when it has them.");
   options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
                         cxxopts::value<std::string>())("input", "the CSV file of samples", cxxopts::value<std::string>())(
       "output", "write the logits to this CSV file instead of stdout", cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
       "activation", list_names(kActivationNames) + ", for state dicts, which do not record it (a dkit checkpoint does)",
       cxxopts::value<std::string>()->default_value(to_string(Activation::kReLU)))(
-      "limit", kLimitHelp, cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
+      "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
     std::cout << options.help();

@@ -5,6 +5,7 @@
 #include <dkit/config.h>
 #include <dkit/checkpoint/optimizer_kind.h>
 #include <dkit/checkpoint/pickle.h>
+#include <dkit/checkpoint/safetensors.h>
 #include <dkit/checkpoint/state_dict.h>
 #include <dkit/checkpoint/torch_file.h>
 #include <dkit/checkpoint/training_checkpoint.h>

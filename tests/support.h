@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace dkit::test {
 
@@ -61,7 +62,31 @@ inline std::string read_file(const std::string& path) {
   return text.str();
 }
 
-/// A committed fixture file made by real PyTorch (see tests/fixtures/make_fixtures.py).
+/// Rows of comma-separated numbers, as tests/fixtures/make_fixtures.py writes inputs and expected logits, as a
+/// float32 tensor `[rows, columns]`.
+inline torch::Tensor read_rows(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream cells(line);
+    std::string cell;
+    rows.emplace_back();
+    while (std::getline(cells, cell, ',')) {
+      rows.back().push_back(std::stod(cell));
+    }
+  }
+  auto out = torch::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.at(0).size())});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (size_t c = 0; c < rows[r].size(); ++c) {
+      out[static_cast<int64_t>(r)][static_cast<int64_t>(c)] = rows[r][c];
+    }
+  }
+  return out;
+}
+
+/// A committed fixture file made by real PyTorch (see tests/fixtures/make_fixtures.py and
+/// make_safetensors_fixtures.py).
 inline std::string fixture(const std::string& name) {
   return std::string(DKIT_FIXTURES_DIR) + "/" + name;
 }

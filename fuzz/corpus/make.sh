@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Remakes the committed seeds that no fixture provides: small dkit training checkpoints (Adam, SGD, AdamW) and
-# their data.pkl, the data.pkl of a few tests/fixtures files, a resolved config and a config with --set overrides.
+# their data.pkl, the data.pkl of a few tests/fixtures files, a resolved config and a config with --set overrides,
+# and safetensors files of the shapes the fixtures lack (no tensor, a 0-dim one, empty ones, a header not in offset
+# order, escaped strings).
 #   fuzz/corpus/make.sh [BUILD_DIR]      # BUILD_DIR holds the dkit command (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +25,7 @@ for name in adam sgd adamw; do
 done
 
 python3 - "$work" <<'PY'
-import shutil, sys, zipfile
+import json, os, shutil, struct, sys, zipfile
 work = sys.argv[1]
 def data_pkl(archive, out):
     with zipfile.ZipFile(archive) as z:
@@ -36,6 +38,22 @@ for name in ("adam", "sgd"):
 for name in ("state_dict", "general_checkpoint", "os_system", "nested_state_dict", "dtype_bfloat16", "data_parallel"):
     data_pkl(f"tests/fixtures/{name}.pt", f"fuzz/corpus/torch_file/{name}.pkl")
 shutil.copy(f"{work}/adam/config.yaml", "fuzz/corpus/config/resolved.yaml")
+
+def safetensors(name, header, data):
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    open(f"fuzz/corpus/safetensors/{name}", "wb").write(struct.pack("<Q", len(text)) + text + data)
+os.makedirs("fuzz/corpus/safetensors", exist_ok=True)
+safetensors("no_tensors.safetensors", {"__metadata__": {"format": "pt"}}, b"")
+safetensors("shapes.safetensors", {
+    "scalar": {"dtype": "F64", "shape": [], "data_offsets": [0, 8]},
+    "empty": {"dtype": "I32", "shape": [0, 3], "data_offsets": [8, 8]},
+    "mask": {"dtype": "BOOL", "shape": [2, 0, 2], "data_offsets": [8, 8]},
+    "bytes": {"dtype": "U8", "shape": [3], "data_offsets": [8, 11]}}, struct.pack("<d", 2.5) + b"\x01\x02\x03")
+safetensors("unordered.safetensors", {
+    "b": {"dtype": "BF16", "shape": [2], "data_offsets": [4, 8]},
+    "__metadata__": {"k\"ey": "v\nal\u00e9"},
+    "a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}, bytes(range(8)))
 open("fuzz/corpus/config/overrides.yaml", "wb").write(
     b"data: {source: synthetic}\nmodel:\n  hidden: [8]\n\x00train.lr=0.5\nmodel.hidden=[3, 3]\nseed=7\ndata.path=rel/x.csv\n")
 PY

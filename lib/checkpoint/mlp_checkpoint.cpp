@@ -1,5 +1,6 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 
+#include <dkit/checkpoint/safetensors.h>
 #include <dkit/core/error.h>
 #include <dkit/device/device.h>
 
@@ -18,7 +19,16 @@ at::Tensor LoadedMlp::predict(const at::Tensor& inputs) const {
 }
 
 LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options) {
-  return mlp_from(read_torch_file(path, ReadOptions().limits(options.limits())).root, path, options);
+  const ReadOptions read_options = ReadOptions().limits(options.limits());
+  if (!is_safetensors_path(path)) {
+    return mlp_from(read_torch_file(path, read_options).root, path, options);
+  }
+  const SafetensorsFile file = read_safetensors(path, read_options);
+  PickleValue root = PickleValue::dict();
+  for (const auto& item : file.tensors) {
+    root.entries().emplace_back(item.key(), item.value());
+  }
+  return mlp_from(root, path, options);
 }
 
 LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const LoadMlpOptions& options) {
@@ -58,13 +68,21 @@ LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const Loa
 }
 
 void export_mlp(const std::string& path, const LoadedMlp& model) {
-  PickleValue root = PickleValue::dict();
+  StateDict state_dict("state dict key");
   for (const auto& item : model.net->named_parameters()) {
-    root.set(item.key(), item.value().detach());
+    state_dict.insert(item.key(), item.value().detach());
   }
   if (model.input_mean.defined()) {
-    root.set("input_mean", model.input_mean);
-    root.set("input_std", model.input_std);
+    state_dict.insert("input_mean", model.input_mean);
+    state_dict.insert("input_std", model.input_std);
+  }
+  if (is_safetensors_path(path)) {
+    write_safetensors(path, state_dict);
+    return;
+  }
+  PickleValue root = PickleValue::dict();
+  for (const auto& item : state_dict) {
+    root.entries().emplace_back(item.key(), item.value());
   }
   write_torch_file(path, root);
 }

@@ -1,5 +1,6 @@
 #include <dkit/checkpoint/state_dict.h>
 
+#include <dkit/checkpoint/safetensors.h>
 #include <dkit/core/error.h>
 
 #include <torch/torch.h>
@@ -60,6 +61,35 @@ std::string module_class_name(const torch::nn::Module& module) {
   return name;
 }
 
+// The state dict of `entries` with wrapper prefixes stripped and renames applied.
+StateDict renamed(std::vector<std::pair<std::string, at::Tensor>> entries, const std::string& source,
+                  const StateDictOptions& options) {
+  for (bool stripped = options.strip_wrapper_prefixes(); stripped && !entries.empty();) {
+    stripped = false;
+    for (const std::string prefix : kWrapperPrefixes) {
+      if (std::all_of(entries.begin(), entries.end(), [&](const auto& e) { return starts_with(e.first, prefix); })) {
+        for (auto& entry : entries) {
+          entry.first.erase(0, prefix.size());
+        }
+        stripped = true;
+      }
+    }
+  }
+  StateDict state_dict("state dict key");
+  for (auto& [name, tensor] : entries) {
+    for (const auto& [from, to] : options.renames()) {
+      if (starts_with(name, from)) {
+        name = to + name.substr(from.size());
+        break;
+      }
+    }
+    DKIT_CHECK(!state_dict.contains(name), source, ": two tensors are named '", name,
+               "' once prefixes are stripped and renamed");
+    state_dict.insert(name, std::move(tensor));
+  }
+  return state_dict;
+}
+
 } // namespace
 
 bool is_state_dict(const PickleValue& value) {
@@ -96,47 +126,35 @@ StateDict state_dict_from(const PickleValue& root, const std::string& source, co
              "'model'; ",
              describe_root(root));
   const PickleValue& found = key.empty() ? root : *root.find(key);
-  std::vector<std::string> names;
-  for (const auto& entry : found.entries()) {
-    names.push_back(entry.first.to_string());
+  std::vector<std::pair<std::string, at::Tensor>> entries;
+  for (const auto& [name, tensor] : found.entries()) {
+    entries.emplace_back(name.to_string(), tensor.to_tensor());
   }
-  for (bool stripped = options.strip_wrapper_prefixes(); stripped && !names.empty();) {
-    stripped = false;
-    for (const std::string prefix : kWrapperPrefixes) {
-      if (std::all_of(names.begin(), names.end(), [&](const std::string& n) { return starts_with(n, prefix); })) {
-        for (auto& n : names) {
-          n.erase(0, prefix.size());
-        }
-        stripped = true;
-      }
-    }
-  }
-  StateDict state_dict("state dict key");
-  for (size_t i = 0; i < names.size(); ++i) {
-    std::string name = names[i];
-    for (const auto& [from, to] : options.renames()) {
-      if (starts_with(name, from)) {
-        name = to + name.substr(from.size());
-        break;
-      }
-    }
-    DKIT_CHECK(!state_dict.contains(name), source, ": two tensors are named '", name,
-               "' once prefixes are stripped and renamed");
-    state_dict.insert(name, found.entries()[i].second.to_tensor());
-  }
-  return state_dict;
+  return renamed(std::move(entries), source, options);
 }
 
 StateDict read_state_dict(const std::string& path, const ReadOptions& read_options, const StateDictOptions& options) {
-  return state_dict_from(read_torch_file(path, read_options).root, path, options);
+  if (!is_safetensors_path(path)) {
+    return state_dict_from(read_torch_file(path, read_options).root, path, options);
+  }
+  const SafetensorsFile file = read_safetensors(path, read_options);
+  std::vector<std::pair<std::string, at::Tensor>> entries;
+  for (const auto& item : file.tensors) {
+    entries.emplace_back(item.key(), item.value());
+  }
+  return renamed(std::move(entries), path, options);
 }
 
 void write_state_dict(const std::string& path, const StateDict& state_dict) {
-  std::vector<std::pair<PickleValue, PickleValue>> entries;
-  for (const auto& item : state_dict) {
-    entries.emplace_back(item.key(), item.value());
+  if (is_safetensors_path(path)) {
+    write_safetensors(path, state_dict);
+    return;
   }
-  write_torch_file(path, PickleValue::ordered_dict(std::move(entries)));
+  PickleValue root = PickleValue::ordered_dict();
+  for (const auto& item : state_dict) {
+    root.entries().emplace_back(item.key(), item.value());
+  }
+  write_torch_file(path, root);
 }
 
 StateDict module_state_dict(const torch::nn::Module& module) {

@@ -46,12 +46,16 @@ bool try_find_state_dict(const PickleValue& root, std::string& key);
 /// applied. `source` names the file in errors.
 StateDict state_dict_from(const PickleValue& root, const std::string& source, const StateDictOptions& options = {});
 
-/// Reads `path` and returns its state dict, as state_dict_from().
+/// Reads `path` and returns its state dict: a safetensors file's tensors when `path` ends in `.safetensors`
+/// (read_safetensors()), otherwise the state dict in a `torch.save` file (read_torch_file(), state_dict_from()).
+/// Either way wrapper prefixes are stripped and `options.renames()` applied as state_dict_from() does. A file whose
+/// content is the other format is an error saying so.
 StateDict read_state_dict(const std::string& path, const ReadOptions& read_options = {},
                           const StateDictOptions& options = {});
 
-/// Writes `state_dict` to `path` as a `torch.save` file of an `OrderedDict`, as Python's
-/// `torch.save(module.state_dict(), path)` does.
+/// Writes `state_dict` to `path` in the format its extension names: a safetensors file for `.safetensors`
+/// (write_safetensors(), without metadata), otherwise a `torch.save` file of an `OrderedDict`, as Python's
+/// `torch.save(module.state_dict(), path)` does. Atomic either way.
 void write_state_dict(const std::string& path, const StateDict& state_dict);
 
 /// The parameters and buffers of `module`, named as LibTorch registers them, detached from autograd but sharing

@@ -1,5 +1,6 @@
 #include <dkit/checkpoint/torch_file.h>
 
+#include <dkit/checkpoint/detail/file_io.h>
 #include <dkit/core/error.h>
 #include <dkit/device/device.h>
 
@@ -7,16 +8,12 @@
 #include <caffe2/serialize/versions.h>
 #include <torch/torch.h>
 
-#include <fcntl.h>
 #include <zlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +21,12 @@
 
 namespace dkit {
 namespace {
+
+using detail::AtomicFile;
+using detail::ByteSource;
+using detail::FileKind;
+using detail::FileSource;
+using detail::MemorySource;
 
 // The first bytes of PyTorch's legacy format: pickle protocol 2, then LONG1 of the magic number
 // 0x1950a86a20f9469cfc6c.
@@ -59,104 +62,6 @@ std::string lower(std::string text) {
   return text;
 }
 
-// The bytes of an archive: an open file or a buffer. LibTorch's reader reads through the same object, so that it
-// sees exactly the bytes dkit checked (a file replaced after the checks is not read), and never more of them.
-class ByteSource : public caffe2::serialize::ReadAdapterInterface {
- public:
-  // Reads exactly n bytes at offset, or returns false when the source is shorter; an I/O error is an error.
-  bool read_exact(uint64_t offset, void* out, size_t n) const {
-    if (offset > size_ || n > size_ - offset) {
-      return false;
-    }
-    if (n == 0 || read_at(offset, out, n) == n) {
-      return true;
-    }
-    check_no_io_error();
-    return false;
-  }
-
-  size_t size() const override {
-    return static_cast<size_t>(size_);
-  }
-
-  // What LibTorch's reader calls; it never throws, since it is called from inside miniz's C code.
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= size_ || n == 0) {
-      return 0;
-    }
-    return read_at(pos, buf, static_cast<size_t>(std::min<uint64_t>(n, size_ - pos)));
-  }
-
- protected:
-  // Reads up to n bytes at offset, which lie within the source; fewer on an I/O error. Never throws.
-  virtual size_t read_at(uint64_t offset, void* out, size_t n) const noexcept = 0;
-
-  // Throws the I/O error behind a short read_at(), if there was one.
-  virtual void check_no_io_error() const {}
-
-  uint64_t size_ = 0;
-};
-
-class FileSource : public ByteSource {
- public:
-  explicit FileSource(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    DKIT_CHECK(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
-    struct stat info {};
-    DKIT_CHECK(::fstat(fd_, &info) == 0, path, ": cannot read: ", std::strerror(errno));
-    DKIT_CHECK(!S_ISDIR(info.st_mode), path, ": is a directory, not a file");
-    size_ = static_cast<uint64_t>(info.st_size);
-  }
-  ~FileSource() override {
-    ::close(fd_);
-  }
-  FileSource(const FileSource&) = delete;
-  FileSource& operator=(const FileSource&) = delete;
-
- protected:
-  size_t read_at(uint64_t offset, void* out, size_t n) const noexcept override {
-    auto* bytes = static_cast<char*>(out);
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::pread(fd_, bytes + done, n - done, static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) {
-        continue;
-      }
-      if (got <= 0) {
-        error_ = got < 0 ? errno : 0;
-        break;
-      }
-      done += static_cast<size_t>(got);
-    }
-    return done;
-  }
-
-  void check_no_io_error() const override {
-    DKIT_CHECK(error_ == 0, path_, ": cannot read: ", std::strerror(error_));
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  mutable int error_ = 0;
-};
-
-class MemorySource : public ByteSource {
- public:
-  explicit MemorySource(std::string_view data) : data_(data) {
-    size_ = data.size();
-  }
-
- protected:
-  size_t read_at(uint64_t offset, void* out, size_t n) const noexcept override {
-    std::memcpy(out, data_.data() + offset, n);
-    return n;
-  }
-
- private:
-  std::string_view data_;
-};
-
 void check_file_kind(const std::string& path, const ByteSource& file) {
   DKIT_CHECK(file.size() > 0, path, ": the file is empty");
   unsigned char head[sizeof(kLegacyMagic)] = {};
@@ -172,6 +77,9 @@ void check_file_kind(const std::string& path, const ByteSource& file) {
   if (n >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) {
     return;
   }
+  DKIT_CHECK(detail::sniff(file) != FileKind::kSafetensors, path,
+             ": not a torch.save file: it looks like a safetensors file (dkit picks a file's format by its extension: "
+             "name it .safetensors)");
   DKIT_CHECK(head[0] != 0x80, path,
              ": this is a plain pickle, not a torch.save archive; load it in Python and save it with torch.save");
   std::string start;
@@ -282,99 +190,6 @@ std::map<std::string, ZipRecord> read_central_directory(const std::string& path,
   }
   return records;
 }
-
-class AtomicFile {
- public:
-  explicit AtomicFile(const std::string& path) : path_(path) {
-    const auto parent = std::filesystem::path(path).parent_path();
-    folder_ = parent.empty() ? "." : parent.string();
-    temp_ = path + ".tmp.XXXXXX";
-    fd_ = ::mkstemp(temp_.data());
-    DKIT_CHECK(fd_ >= 0, "cannot write ", path, ": cannot create a temporary file in ", folder_, ": ",
-               std::strerror(errno));
-    ::fchmod(fd_, 0644);
-  }
-  ~AtomicFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-    if (!committed_) {
-      ::unlink(temp_.c_str());
-    }
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-
-  // Never reports a failure to PyTorchStreamWriter, whose destructor would otherwise throw: the first error is
-  // kept and reported by commit().
-  size_t write(const void* data, size_t n) {
-    if (error_ == 0) {
-      if (buffer_.size() + n > kBufferBytes) {
-        flush();
-      }
-      if (n >= kBufferBytes) {
-        write_all(static_cast<const char*>(data), n);
-      } else {
-        buffer_.append(static_cast<const char*>(data), n);
-      }
-    }
-    return n;
-  }
-
-  void commit() {
-    flush();
-    if (error_ == 0 && ::fsync(fd_) != 0) {
-      error_ = errno;
-    }
-    if (::close(fd_) != 0 && error_ == 0) {
-      error_ = errno;
-    }
-    fd_ = -1;
-    const bool existed = std::filesystem::exists(path_);
-    DKIT_CHECK(error_ == 0, "cannot write ", path_, ": ", std::strerror(error_),
-               existed ? " (the existing file is unchanged)" : "");
-    DKIT_CHECK(::rename(temp_.c_str(), path_.c_str()) == 0, "cannot write ", path_, ": rename failed: ",
-               std::strerror(errno), existed ? " (the existing file is unchanged)" : "");
-    committed_ = true;
-    const int folder = ::open(folder_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DKIT_CHECK(folder >= 0 && ::fsync(folder) == 0, "wrote ", path_, " but could not sync its folder ", folder_,
-               ": ", std::strerror(errno));
-    ::close(folder);
-  }
-
- private:
-  static constexpr size_t kBufferBytes = size_t{1} << 20;
-
-  void flush() {
-    if (error_ == 0 && !buffer_.empty()) {
-      write_all(buffer_.data(), buffer_.size());
-    }
-    buffer_.clear();
-  }
-
-  void write_all(const char* data, size_t n) {
-    while (n > 0 && error_ == 0) {
-      const ssize_t done = ::write(fd_, data, n);
-      if (done < 0 && errno == EINTR) {
-        continue;
-      }
-      if (done <= 0) {
-        error_ = done < 0 ? errno : EIO;
-        return;
-      }
-      data += done;
-      n -= static_cast<size_t>(done);
-    }
-  }
-
-  std::string path_;
-  std::string folder_;
-  std::string temp_;
-  std::string buffer_;
-  int fd_ = -1;
-  int error_ = 0;
-  bool committed_ = false;
-};
 
 // The archive's format version, read and checked as PyTorchStreamReader's constructor reads and checks it,
 // before that constructor runs: in LibTorch 1.13 it leaks its zip reader's memory when it throws.

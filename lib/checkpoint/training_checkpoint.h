@@ -185,16 +185,18 @@ struct LoadMlpOptions {
 };
 
 /// The network in a dkit training checkpoint, a file written by export_mlp(), or any PyTorch MLP state dict
-/// (plain or nested, see state_dict_from() and mlp_from_state_dict()). `input_mean` and `input_std` come from the
-/// checkpoint, or from entries of those names beside the weights.
+/// (plain or nested, see state_dict_from() and mlp_from_state_dict()), in a `torch.save` file or, when `path`
+/// ends in `.safetensors`, a safetensors file. `input_mean` and `input_std` come from the checkpoint, or from
+/// entries of those names beside the weights.
 LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options = {});
 
 /// Like load_mlp(), for a file's root value already read; `source` names the file in errors. `options.limits()`
 /// is not used here: it applies to reading the file.
 LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const LoadMlpOptions& options = {});
 
-/// Writes the network as a plain dict of tensors that Python's `torch.load` reads, keys in `nn.Sequential` naming
-/// (`0.weight`, `0.bias`, `2.weight`, ...), plus `input_mean` and `input_std` when the model has them.
+/// Writes the network's tensors, keys in `nn.Sequential` naming (`0.weight`, `0.bias`, `2.weight`, ...), plus
+/// `input_mean` and `input_std` when the model has them, in the format `path`'s extension names: a safetensors file
+/// for `.safetensors` (write_safetensors()), otherwise a plain dict that Python's `torch.load` reads.
 void export_mlp(const std::string& path, const LoadedMlp& model);
 
 } // namespace dkit

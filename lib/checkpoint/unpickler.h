@@ -18,17 +18,20 @@ namespace dkit {
 struct ReadLimits {
   /// Largest file accepted, in bytes.
   TORCH_ARG(int64_t, max_file_bytes) = int64_t{1} << 40;
-  /// Largest record (one tensor storage) accepted, in bytes.
+  /// Largest record (one tensor storage; in a safetensors file, one tensor's data) accepted, in bytes.
   TORCH_ARG(int64_t, max_record_bytes) = int64_t{64} << 30;
-  /// Most records in one archive.
+  /// Most records in one archive (tensors in a safetensors file).
   TORCH_ARG(int64_t, max_records) = 1'000'000;
   /// Largest pickle (`data.pkl`) accepted, in bytes; this also bounds the number of opcodes.
   TORCH_ARG(int64_t, max_pickle_bytes) = int64_t{256} << 20;
-  /// Deepest nesting of containers (a dict in a dict counts 2).
+  /// Largest JSON header of a safetensors file accepted, in bytes; Python's safetensors reads no more than
+  /// 100,000,000.
+  TORCH_ARG(int64_t, max_header_bytes) = 100'000'000;
+  /// Deepest nesting of containers (a dict in a dict counts 2), in a pickle or a safetensors header.
   TORCH_ARG(int64_t, max_depth) = 100;
   /// Most pickle memo entries.
   TORCH_ARG(int64_t, max_memo) = 1'000'000;
-  /// Most values in the unpickled tree, shared ones counted each time they appear.
+  /// Most values in the unpickled tree, shared ones counted each time they appear, or in a safetensors header.
   TORCH_ARG(int64_t, max_values) = 1'000'000;
 };
 

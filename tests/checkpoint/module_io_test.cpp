@@ -48,10 +48,10 @@ torch::Tensor eval_forward(SmallCnn& net, const torch::Tensor& inputs) {
   return net->forward(inputs.to(net->classifier->weight.device())).cpu();
 }
 
-// Python's SmallCnn (as make_fixtures.py defines it) loading argv[1] strictly and checking its outputs against the
-// fixture's. PyTorch 2.6 and later read the file with torch.load's default (weights_only=True); 1.13 is asked for
-// weights_only=True, which it does not default to.
-constexpr const char* kPythonLoadsStrictly = R"(import collections, sys, torch
+// Python's SmallCnn (as make_fixtures.py defines it) loading the state dict that `load` reads from argv[1] strictly
+// and checking its outputs against the fixture's.
+std::string python_loads_strictly(const std::string& load) {
+  return R"(import collections, sys, torch
 class SmallCnn(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -60,13 +60,7 @@ class SmallCnn(torch.nn.Module):
         self.classifier = torch.nn.Linear(4 * 4 * 4, 3)
     def forward(self, x):
         return self.classifier(self.features(x).flatten(1))
-major, minor = (int(p) for p in torch.__version__.split(".")[:2])
-if (major, minor) >= (2, 6):
-    state_dict = torch.load(sys.argv[1])
-else:
-    state_dict = torch.load(sys.argv[1], weights_only=True)
-assert type(state_dict) is collections.OrderedDict, type(state_dict)
-assert state_dict["features.1.num_batches_tracked"].dtype == torch.int64
+)" + load + R"(assert state_dict["features.1.num_batches_tracked"].dtype == torch.int64
 assert int(state_dict["features.1.num_batches_tracked"]) == 20
 net = SmallCnn()
 result = net.load_state_dict(state_dict, strict=True)
@@ -78,6 +72,22 @@ with torch.no_grad():
 difference = (outputs - io["outputs"]).abs().max().item()
 assert difference <= 1e-5, difference
 print("ok")
+)";
+}
+
+// A torch.save file's state dict: PyTorch 2.6 and later read it with torch.load's default (weights_only=True); 1.13
+// is asked for weights_only=True, which it does not default to.
+constexpr const char* kTorchLoad = R"(major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+if (major, minor) >= (2, 6):
+    state_dict = torch.load(sys.argv[1])
+else:
+    state_dict = torch.load(sys.argv[1], weights_only=True)
+assert type(state_dict) is collections.OrderedDict, type(state_dict)
+)";
+
+// A safetensors file's tensors, as Python's safetensors reads them.
+constexpr const char* kSafetensorsLoad = R"(from safetensors.torch import load_file
+state_dict = load_file(sys.argv[1])
 )";
 
 class ModuleIoTest : public test::SeedingFixture {
@@ -105,7 +115,7 @@ TEST_F(ModuleIoTest, SavesACnnThatPythonLoadsStrictly) {
   SmallCnn net;
   load_state_dict(*net, fixture("small_cnn.pt"));
   save_state_dict(*net, dir_.file("cnn.pt"));
-  const auto result = test::run_python(dir_.file("check.py"), kPythonLoadsStrictly,
+  const auto result = test::run_python(dir_.file("check.py"), python_loads_strictly(kTorchLoad),
                                        dir_.file("cnn.pt") + " " + fixture("small_cnn_io.pt"));
   EXPECT_EQ(result.status, 0) << result.output;
   EXPECT_EQ(result.output, "ok\n");
@@ -114,16 +124,31 @@ TEST_F(ModuleIoTest, SavesACnnThatPythonLoadsStrictly) {
 TEST_F(ModuleIoTest, RoundTripsEveryParameterAndBuffer) {
   SmallCnn trained;
   load_state_dict(*trained, fixture("small_cnn.pt"));
-  save_state_dict(*trained, dir_.file("cnn.pth"));
-  SmallCnn fresh;
-  load_state_dict(*fresh, dir_.file("cnn.pth"));
-  const StateDict expected = module_state_dict(*trained);
-  const StateDict loaded = module_state_dict(*fresh);
-  ASSERT_EQ(loaded.keys(), expected.keys());
-  for (const auto& item : expected) {
-    EXPECT_EQ(loaded[item.key()].scalar_type(), item.value().scalar_type()) << item.key();
-    EXPECT_TRUE(torch::equal(loaded[item.key()], item.value())) << item.key();
+  for (const std::string name : {"cnn.pth", "cnn.safetensors"}) {
+    save_state_dict(*trained, dir_.file(name));
+    SmallCnn fresh;
+    load_state_dict(*fresh, dir_.file(name));
+    const StateDict expected = module_state_dict(*trained);
+    const StateDict loaded = module_state_dict(*fresh);
+    ASSERT_EQ(loaded.keys(), expected.keys()) << name;
+    for (const auto& item : expected) {
+      EXPECT_EQ(loaded[item.key()].scalar_type(), item.value().scalar_type()) << name << " " << item.key();
+      EXPECT_TRUE(torch::equal(loaded[item.key()], item.value())) << name << " " << item.key();
+    }
   }
+  EXPECT_EQ(test::read_file(dir_.file("cnn.safetensors")).substr(8, 1), "{");
+}
+
+// Python's safetensors reading a module dkit saved as safetensors into Python's SmallCnn, strictly.
+TEST_F(ModuleIoTest, SavesACnnAsSafetensorsThatPythonLoadsStrictly) {
+  DKIT_SKIP_WITHOUT_PYTHON_SAFETENSORS();
+  SmallCnn net;
+  load_state_dict(*net, fixture("small_cnn.pt"));
+  save_state_dict(*net, dir_.file("cnn.safetensors"));
+  const auto result = test::run_python(dir_.file("check.py"), python_loads_strictly(kSafetensorsLoad),
+                                       dir_.file("cnn.safetensors") + " " + fixture("small_cnn_io.pt"));
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_EQ(result.output, "ok\n");
 }
 
 TEST_F(ModuleIoTest, StripsWrapperPrefixesFromAFile) {
@@ -169,7 +194,7 @@ TEST_F(ModuleIoTest, LoadsAndSavesACnnOnTheGpu_CUDA) {
     EXPECT_TRUE(item.value().device().is_cpu()) << item.key();
   }
   if (test::python_has_torch()) {
-    const auto result = test::run_python(dir_.file("check.py"), kPythonLoadsStrictly,
+    const auto result = test::run_python(dir_.file("check.py"), python_loads_strictly(kTorchLoad),
                                          dir_.file("from_gpu.pt") + " " + fixture("small_cnn_io.pt"));
     EXPECT_EQ(result.status, 0) << result.output;
   }

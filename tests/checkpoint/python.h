@@ -18,6 +18,14 @@ inline bool python_has_torch() {
   return has;
 }
 
+/// Whether kPython can import Python's safetensors with its PyTorch support (Debian 13 and later package it as
+/// python3-safetensors; Debian 12 does not); the safetensors interop tests skip when it cannot.
+inline bool python_has_safetensors() {
+  static const bool has =
+      std::system((std::string(kPython) + " -c 'import safetensors.torch' >/dev/null 2>&1").c_str()) == 0;
+  return has;
+}
+
 /// The result of run_python().
 struct PythonResult {
   /// The exit status (0 on success).
@@ -57,4 +65,14 @@ inline PythonResult run_python(const std::string& script_path, const std::string
       GTEST_SKIP() << ::dkit::test::kPython << " cannot import torch (install python3-torch): the test "  \
                       "checks that Python's PyTorch reads dkit's files";                                  \
     }                                                                                                     \
+  } while (false)
+
+/// Skips the test, saying why, when Debian's Python cannot import safetensors.
+#define DKIT_SKIP_WITHOUT_PYTHON_SAFETENSORS()                                                                  \
+  do {                                                                                                          \
+    if (!::dkit::test::python_has_safetensors()) {                                                              \
+      GTEST_SKIP() << ::dkit::test::kPython << " cannot import safetensors.torch (python3-safetensors, which "  \
+                      "Debian 13 and later have and scripts/setup.sh installs there; Debian 12 has none): the " \
+                      "test checks that Python's safetensors reads dkit's files";                               \
+    }                                                                                                           \
   } while (false)

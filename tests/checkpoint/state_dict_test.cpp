@@ -14,30 +14,9 @@ namespace {
 
 using test::error_message;
 using test::fixture;
+using test::read_rows;
 
 const std::vector<std::string> kSequentialKeys = {"0.weight", "0.bias", "2.weight", "2.bias"};
-
-// Rows of comma-separated numbers, as make_fixtures.py writes inputs and expected logits.
-torch::Tensor read_rows(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::vector<double>> rows;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream cells(line);
-    std::string cell;
-    rows.emplace_back();
-    while (std::getline(cells, cell, ',')) {
-      rows.back().push_back(std::stod(cell));
-    }
-  }
-  auto out = torch::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.at(0).size())});
-  for (size_t r = 0; r < rows.size(); ++r) {
-    for (size_t c = 0; c < rows[r].size(); ++c) {
-      out[static_cast<int64_t>(r)][static_cast<int64_t>(c)] = rows[r][c];
-    }
-  }
-  return out;
-}
 
 class StateDictTest : public test::SeedingFixture {
  protected:
