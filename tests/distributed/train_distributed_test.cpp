@@ -228,6 +228,23 @@ TEST_F(DistributedTrainTest, AKilledRankMakesTheOtherFailNamingIt) {
   }
 }
 
+// Every rank prints its own error, not only rank 0: here rank 1 cannot read its data (a file missing on its
+// machine), says so, and rank 0 quotes it.
+TEST_F(DistributedTrainTest, ARankOtherThanZeroPrintsItsOwnErrorAndRankZeroQuotesIt) {
+  const std::string run = tmp_.file("own");
+  const std::string missing = tmp_.file("missing.csv");
+  auto ranks = start_ranks(2, [&](int r) {
+    return r == 0 ? train(run) : train(run, {"data.source=csv", "data.path=" + missing});
+  }, "own");
+  EXPECT_EQ(ranks[1]->wait(), 1);
+  const std::string own = "cannot open CSV file '" + missing + "': No such file or directory";
+  EXPECT_EQ(ranks[1]->err(), "dkit: error: " + own + "\n");
+  EXPECT_EQ(ranks[0]->wait(), 1);
+  const std::string err = ranks[0]->err();
+  EXPECT_NE(("\n" + err).find("\ndkit: error: rank 1 of 2 (host "), std::string::npos) << err;
+  EXPECT_NE(err.find(") failed: " + own + "; rank 0 stops: "), std::string::npos) << err;
+}
+
 TEST_F(DistributedTrainTest, BadRendezvousVariablesAreNamed) {
   const std::string run = tmp_.file("bad");
   Process bad_port(train(run), run, {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1",
