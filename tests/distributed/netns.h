@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +41,7 @@ class TwoHosts {
       skip_reason_ = "`ip netns` is not available here (iproute2's ip with network namespace support)";
       return;
     }
+    remove_orphans();
     made_ = true;
     const std::string script =
         "set -e; ip netns add " + ns('a') + "; ip netns add " + ns('b') + "; ip link add " + dev('a') +
@@ -135,6 +138,33 @@ class TwoHosts {
  private:
   std::string inside(char host) const {
     return "ip netns exec " + ns(host);
+  }
+
+  /// Removes the hosts that a test process killed before its destructor ran left behind (namespaces named
+  /// `dkit-PIDxN-a`/`-b` whose PID no longer runs), with whatever still runs in them.
+  static void remove_orphans() {
+    FILE* out = ::popen("ip netns list 2>/dev/null", "r");
+    if (out == nullptr) {
+      return;
+    }
+    std::vector<std::string> orphans;
+    char line[256];
+    while (std::fgets(line, sizeof(line), out) != nullptr) {
+      int pid = 0;
+      int n = 0;
+      char host = 0;
+      char name[64] = {};
+      if (std::sscanf(line, "%63s", name) == 1 && std::sscanf(name, "dkit-%dx%d-%c", &pid, &n, &host) == 3 &&
+          pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        orphans.emplace_back(name);
+      }
+    }
+    ::pclose(out);
+    for (const auto& ns : orphans) {
+      run("ip netns pids " + ns + " | xargs -r kill -9; ip netns del " + ns);
+      std::error_code ignored;
+      std::filesystem::remove_all("/etc/netns/" + ns, ignored);
+    }
   }
 
   static bool run(const std::string& script) {
