@@ -326,7 +326,9 @@ TEST_F(DistributedTrainTest, TorchrunRestartsAKilledRankAndTheRunEndsAsIfUninter
   if (!fs::exists(torchrun)) {
     GTEST_SKIP() << torchrun << " is absent (Debian: python3-torch): this test runs dkit under torchrun";
   }
-  const std::vector<std::string> sets = {"train.epochs=8", "train.checkpoint_every=50"};
+  // 30 epochs of 26 steps: rank 0 logs to a one-page pipe (every 10 steps, about 45 lines a page), so when the test
+  // reads step 60 the run is at most about 500 steps further, well before its end.
+  const std::vector<std::string> sets = {"train.epochs=30", "train.checkpoint_every=50"};
   const std::string reference = tmp_.file("reference");
   run_ranks(2, [&](int) { return train(reference, sets); }, "reference");
 
@@ -354,7 +356,7 @@ TEST_F(DistributedTrainTest, TorchrunRestartsAKilledRankAndTheRunEndsAsIfUninter
   const std::string err = launcher.err();
   EXPECT_NE(err.find("dkit: resuming from " + run + "/checkpoints/"), std::string::npos) << err;
   const auto restarted = load_training_checkpoint(run + "/checkpoints/last.pt");
-  EXPECT_EQ(restarted.step, 8 * 26);
+  EXPECT_EQ(restarted.step, 30 * 26);
   // The same steps from the same checkpoint, data order and random state: bitwise the same weights.
   EXPECT_EQ(max_difference(restarted.model_state_dict, weights(reference)), 0.0)
       << "a run restarted by torchrun ends as an uninterrupted one";
