@@ -9,6 +9,7 @@
 
 #include <cxxopts.hpp>
 
+#include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <iomanip>
@@ -69,7 +70,11 @@ int run_train(Args args) {
       cxxopts::value<std::string>())(
       "o,out", "run folder (default: a new timestamped folder under runs/)", cxxopts::value<std::string>())(
       "r,resume", "continue the run in this folder from its newest good checkpoint, with the config it saved",
-      cxxopts::value<std::string>())("no-progress", "plain log lines even on a terminal")(
+      cxxopts::value<std::string>())(
+      "auto-resume",
+      "with --config and --out: continue the run in --out from its newest checkpoint when it has one, else start "
+      "it; what a job restarted by its launcher (torchrun --max_restarts) needs")(
+      "no-progress", "plain log lines even on a terminal")(
       "keys", "list every config key with its type, default and meaning")("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
@@ -83,20 +88,31 @@ int run_train(Args args) {
   const std::vector<std::string> overrides = overrides_of(result);
   const std::optional<LaunchEnvironment> launch = launch_environment();
   const bool main_rank = !launch || launch->rank == 0;
+  const bool auto_resume = result.count("auto-resume") != 0;
   const bool resume = result.count("resume") != 0;
   DKIT_CHECK(resume || result.count("config") != 0, "dkit train needs --config FILE (or --resume DIR); see --help");
   DKIT_CHECK(!(resume && result.count("config") != 0),
              "--config and --resume exclude each other: a resumed run uses the config its checkpoint saved (change "
              "keys with --set)");
+  DKIT_CHECK(!auto_resume || (result.count("config") != 0 && result.count("out") != 0),
+             "--auto-resume needs --config FILE and --out DIR: the run starts from the config, and continues from "
+             "DIR's newest checkpoint when restarted");
 
   std::string out_dir;
   std::shared_ptr<const ResumePoint> point;
   TrainConfig config;
-  if (resume) {
+  if (auto_resume) {
+    out_dir = result["out"].as<std::string>();
+    if (std::optional<ResumePoint> found = try_resume_run(out_dir, overrides)) {
+      point = std::make_shared<const ResumePoint>(std::move(*found));
+    }
+  } else if (resume) {
     out_dir = result["resume"].as<std::string>();
     DKIT_CHECK(result.count("out") == 0 || result["out"].as<std::string>() == out_dir,
                "--out and --resume name different folders: a resumed run continues in its own folder");
     point = std::make_shared<const ResumePoint>(resume_run(out_dir, overrides));
+  }
+  if (point) {
     if (main_rank) {
       for (const auto& reason : point->skipped) {
         std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << reason << "\n";
@@ -114,9 +130,12 @@ int run_train(Args args) {
   TrainerOptions trainer_options(out_dir);
   trainer_options.resume(point).process_settings(true).stop(stop_on_signals());
   if (launch) {
+    // A peer that is gone leaves c10d writing to a closed socket: Gloo and the store expect EPIPE there, as in
+    // Python, which ignores SIGPIPE, rather than a process killed by the signal before it can say what happened.
+    std::signal(SIGPIPE, SIG_IGN);
     trainer_options.process_group(std::make_shared<ProcessGroupContext>(
         *launch, launch_device(full.device, *launch),
-        ProcessGroupOptions().backend(full.dist_backend).timeout(std::chrono::seconds(full.dist_timeout_seconds))));
+        ProcessGroupOptions().backend(full.dist_backend).timeout(std::chrono::seconds(full.dist_timeout))));
   }
   TrainConsole console(/*bar=*/result.count("no-progress") == 0);
   if (main_rank) {

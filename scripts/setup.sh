@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev                  # writes the JSON outputs, reads the benchmark's PyTorch results
   zlib1g-dev                          # reads the gzipped IDX files of MNIST and Fashion-MNIST
   libgtest-dev                        # GoogleTest, for the test suite
+  iproute2                            # ip netns: the multi-host tests make their two hosts with network namespaces
   libsleef-dev                        # sleef.h, included by LibTorch's AVX2 and AVX-512 vector headers (FusedAdam)
 )
 torch_packages=(

@@ -80,7 +80,11 @@ Options tcp_store_options(uint16_t port, bool is_server, std::chrono::millisecon
 // lib/distributed uses these c10d APIs, which are the same in both versions: `TCPStore(host, options)`,
 // `Store::set/get/add/check/wait(keys, timeout)`, `PrefixStore`, `ProcessGroupGloo::Options::create(timeout)` with
 // `devices` and `threads`, `ProcessGroupGloo::createDeviceForHostname/ForInterface`, `ProcessGroupNCCL::Options::
-// create()` with the `timeout` of its base, `AllreduceOptions`/`BroadcastOptions`, `c10d::Work::wait(timeout)`.
+// create()` with the `timeout` of its base, `AllreduceOptions`/`BroadcastOptions`, `c10d::Work::wait(timeout)`,
+// `c10::intrusive_ptr::release()`. The timeouts mean the same too: Gloo's bounds each send and receive of a
+// collective; the TCPStore's bounds connecting and `wait` (and the wait inside `get`), while `add`, `set`, `check`
+// and the read of a `get` have no receive timeout in either version (the client socket gets none), which is why
+// once the ranks have joined only the heartbeat thread makes store calls that wait for an answer.
 
 /// Whether ATen's gradient-scaler kernels (`_amp_foreach_non_finite_check_and_unscale_`, `_amp_update_scale_`) have
 /// a CPU implementation: CUDA-only in 1.13, CPU too from 2.3 (`torch.amp.GradScaler("cpu")`). Where they do not,

@@ -3,6 +3,7 @@
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 #include <dkit/device/host_sync.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -150,6 +151,31 @@ bool PendingCollective::pending() const {
   return impl_ != nullptr && impl_->work;
 }
 
+namespace {
+
+/// What the heartbeat thread has seen, shared with the group under `mutex`.
+struct Watch {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  bool ended = false;
+  /// Set by explain_failure(): the next round also reads the failures the other ranks published.
+  bool read_failures = false;
+  bool failures_read = false;
+  /// Completed rounds, and when the last one completed.
+  int64_t rounds = 0;
+  Clock::time_point last_answer;
+  /// The error of the store call that ended the thread, if one did.
+  std::string store_error;
+  /// Each rank's heartbeat count, and when it last changed.
+  std::vector<int64_t> counts;
+  std::vector<Clock::time_point> changed;
+  /// Each rank's published failure, or "".
+  std::vector<std::string> failures;
+};
+
+} // namespace
+
 struct ProcessGroupContext::Impl {
   LaunchEnvironment launch;
   Device device;
@@ -161,23 +187,32 @@ struct ProcessGroupContext::Impl {
   c10::intrusive_ptr<compat::C10dBackend> group;
   std::vector<std::string> members;
 
-  c10::intrusive_ptr<c10d::Store> heartbeat_store;
+  std::shared_ptr<Watch> watch = std::make_shared<Watch>();
   std::thread heartbeat_thread;
-  std::mutex heartbeat_mutex;
-  std::condition_variable heartbeat_wake;
-  bool stopping = false;
+  bool failed = false;
 
   Impl(const LaunchEnvironment& l, const Device& d, ProcessGroupOptions o)
       : launch(l), device(d), options(std::move(o)) {}
 
   ~Impl() {
-    {
-      std::lock_guard<std::mutex> lock(heartbeat_mutex);
-      stopping = true;
-    }
-    heartbeat_wake.notify_all();
+    std::unique_lock<std::mutex> lock(watch->mutex);
+    watch->stopping = true;
+    watch->wake.notify_all();
+    // A healthy heartbeat thread ends at once; one in a store call that a lost peer holds up is left behind.
+    const auto patience = failed ? std::chrono::milliseconds(100) : 2 * options.heartbeat();
+    const bool ended = watch->wake.wait_for(lock, patience, [this] { return watch->ended; });
+    lock.unlock();
     if (heartbeat_thread.joinable()) {
-      heartbeat_thread.join();
+      if (ended) {
+        heartbeat_thread.join();
+      } else {
+        heartbeat_thread.detach();
+      }
+    }
+    if (failed) {
+      // After a lost peer, c10d's Gloo threads may sit in reads on a dead link for a whole timeout each, and its
+      // destructor waits for every queued collective: the run is over, so the backend is left to the process's end.
+      (void)group.release();
     }
   }
 
@@ -208,7 +243,7 @@ struct ProcessGroupContext::Impl {
       DKIT_CHECK(!server, "rank 0 cannot host the rendezvous store on MASTER_PORT=", launch.master_port, ": ",
                  message_of(e));
       throw Error("rank " + std::to_string(launch.rank) + " could not reach the rendezvous store at " + where() +
-                  " (" + rendezvous + ") within " + seconds(options.timeout()) + " (dist.timeout_seconds): is " +
+                  " (" + rendezvous + ") within " + seconds(options.timeout()) + " (dist.timeout): is " +
                   host_of_store() + " running there? " + message_of(e));
     }
     if (!launch.agent_store) {
@@ -232,7 +267,9 @@ struct ProcessGroupContext::Impl {
       DKIT_CHECK(world == std::to_string(launch.world_size), "WORLD_SIZE=", launch.world_size,
                  " for this process (rank ", launch.rank, ") but WORLD_SIZE=", world,
                  " for rank 0: every process of the run needs the same WORLD_SIZE");
-      store->set(key("member", launch.rank), bytes("host " + this_host() + ", pid " + std::to_string(getpid())));
+      store->set(key("member", launch.rank),
+                 bytes("host " + this_host() + " (" + local_address_towards(master_ip, launch.master_port) +
+                       "), pid " + std::to_string(getpid())));
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -260,7 +297,7 @@ struct ProcessGroupContext::Impl {
       const bool many = missing.size() > 1;
       throw Error(rank_list(missing) + " of " + std::to_string(launch.world_size) + (many ? " have" : " has") +
                   " not joined the rendezvous at " + where() + " within " + seconds(timeout) +
-                  " (dist.timeout_seconds): start every rank with the same MASTER_ADDR, MASTER_PORT and "
+                  " (dist.timeout): start every rank with the same MASTER_ADDR, MASTER_PORT and "
                   "WORLD_SIZE");
     }
     for (int64_t r = 0; r < launch.world_size; ++r) {
@@ -269,21 +306,61 @@ struct ProcessGroupContext::Impl {
   }
 
   void start_heartbeat() {
-    heartbeat_store = connect(/*may_host=*/false);
+    auto heartbeat_store = connect(/*may_host=*/false);
     heartbeat_store->add(key("heartbeat", launch.rank), 1);
-    heartbeat_thread = std::thread([this] {
-      const std::string beat = key("heartbeat", launch.rank);
-      std::unique_lock<std::mutex> lock(heartbeat_mutex);
-      while (!heartbeat_wake.wait_for(lock, options.heartbeat(), [this] { return stopping; })) {
-        lock.unlock();
-        try {
-          heartbeat_store->add(beat, 1);
-        } catch (const std::exception&) {
-          return;
+    const auto now = Clock::now();
+    watch->last_answer = now;
+    watch->counts.assign(static_cast<size_t>(launch.world_size), 0);
+    watch->changed.assign(static_cast<size_t>(launch.world_size), now);
+    watch->failures.assign(static_cast<size_t>(launch.world_size), "");
+    heartbeat_thread = std::thread(beat, watch, heartbeat_store, launch.rank, launch.world_size, options.heartbeat());
+  }
+
+  /// The heartbeat thread: every `period` it counts this rank's beat and reads every rank's count (and, when
+  /// asked, the failures they published) through its own connection to the store. It shares only `watch` and
+  /// `store` with the group, so that it can be left behind when a store call never returns.
+  static void beat(std::shared_ptr<Watch> watch, c10::intrusive_ptr<c10d::Store> store, int64_t me, int64_t size,
+                   std::chrono::milliseconds period) {
+    std::unique_lock<std::mutex> lock(watch->mutex);
+    while (!watch->stopping) {
+      const bool read_failures = watch->read_failures;
+      lock.unlock();
+      std::vector<int64_t> counts(static_cast<size_t>(size));
+      std::vector<std::string> failures(static_cast<size_t>(size));
+      std::string error;
+      try {
+        for (int64_t r = 0; r < size; ++r) {
+          counts[r] = store->add(key("heartbeat", r), r == me ? 1 : 0);
+          if (read_failures && r != me && store->check({key("failed", r)})) {
+            failures[r] = text(store->get(key("failed", r)));
+          }
         }
-        lock.lock();
+      } catch (const std::exception& e) {
+        error = message_of(e);
       }
-    });
+      lock.lock();
+      const auto now = Clock::now();
+      if (!error.empty()) {
+        watch->store_error = error;
+        break;
+      }
+      watch->last_answer = now;
+      for (int64_t r = 0; r < size; ++r) {
+        if (counts[r] != watch->counts[r]) {
+          watch->counts[r] = counts[r];
+          watch->changed[r] = now;
+        }
+        if (!failures[r].empty()) {
+          watch->failures[r] = failures[r];
+        }
+      }
+      watch->failures_read = watch->failures_read || read_failures;
+      ++watch->rounds;
+      watch->wake.notify_all();
+      watch->wake.wait_for(lock, period, [&] { return watch->stopping || (watch->read_failures && !watch->failures_read); });
+    }
+    watch->ended = true;
+    watch->wake.notify_all();
   }
 
 #if DKIT_WITH_GLOO
@@ -328,12 +405,10 @@ struct ProcessGroupContext::Impl {
     }
   }
 
-  std::vector<int64_t> heartbeats() {
-    std::vector<int64_t> counts;
-    for (int64_t r = 0; r < launch.world_size; ++r) {
-      counts.push_back(store->add(key("heartbeat", r), 0));
-    }
-    return counts;
+  /// Whether the heartbeat thread's store calls have been answered lately.
+  bool store_answers() {
+    std::lock_guard<std::mutex> lock(watch->mutex);
+    return watch->store_error.empty() && Clock::now() - watch->last_answer < 3 * options.heartbeat();
   }
 };
 
@@ -435,6 +510,10 @@ void ProcessGroupContext::wait(PendingCollective& pending) {
 }
 
 void ProcessGroupContext::publish_failure(const std::string& message) noexcept {
+  // A store that stopped answering would leave this call waiting; the other ranks then find that out themselves.
+  if (!impl_->store_answers()) {
+    return;
+  }
   try {
     impl_->store->set(key("failed", impl_->launch.rank), bytes(message));
   } catch (...) {
@@ -444,43 +523,74 @@ void ProcessGroupContext::publish_failure(const std::string& message) noexcept {
 
 std::string ProcessGroupContext::explain_failure(const std::string& what, const std::string& error) {
   Impl& s = *impl_;
+  s.failed = true;
+  Watch& watch = *s.watch;
   const int64_t me = s.launch.rank;
+  const auto period = s.options.heartbeat() * 3;
+  std::unique_lock<std::mutex> lock(watch.mutex);
+  watch.read_failures = true;
+  watch.failures_read = false;
+  watch.wake.notify_all();
+  // What the heartbeat thread sees tells why, with no store call here that a dead link could hold up. A round it
+  // starts from now on (counts seen before may be old: this process may itself have been stopped) reads the
+  // published failures and every rank's heartbeat; a rank whose count has not moved for three periods is gone. A
+  // store that answers no round within four periods (or within one, when it had not answered for three before) is
+  // unreachable.
+  const auto silent = [&](Clock::time_point now) {
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < s.launch.world_size; ++r) {
+      if (r != me && now - watch.changed[r] >= period) {
+        ranks.push_back(r);
+      }
+    }
+    return ranks;
+  };
+  const auto published = [&] {
+    for (int64_t r = 0; r < s.launch.world_size; ++r) {
+      if (!watch.failures[r].empty()) {
+        return r;
+      }
+    }
+    return int64_t{-1};
+  };
+  const auto asked = Clock::now();
+  const auto told = [&](Clock::time_point now) {
+    const bool store_silent = !watch.failures_read && now - asked >= s.options.heartbeat() &&
+                              now - watch.last_answer >= period;
+    return published() >= 0 || !watch.store_error.empty() || store_silent ||
+           (watch.failures_read && !silent(now).empty());
+  };
+  for (auto now = asked; !told(now) && now < asked + period + s.options.heartbeat(); now = Clock::now()) {
+    watch.wake.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  const auto now = Clock::now();
+  const auto since = [&](Clock::time_point then) {
+    return format_fixed(std::chrono::duration<double>(now - then).count(), 1) + " s";
+  };
   std::string cause;
-  try {
-    for (int64_t r = 0; r < s.launch.world_size && cause.empty(); ++r) {
-      if (r != me && s.store->check({key("failed", r)})) {
-        cause = s.member(r) + " failed: " + text(s.store->get(key("failed", r)));
-      }
-    }
-    if (cause.empty()) {
-      const auto period = s.options.heartbeat() * 3;
-      const auto before = s.heartbeats();
-      std::this_thread::sleep_for(period);
-      const auto after = s.heartbeats();
-      std::vector<int64_t> silent;
-      for (int64_t r = 0; r < s.launch.world_size; ++r) {
-        if (r != me && after[r] == before[r]) {
-          silent.push_back(r);
-        }
-      }
-      if (silent.size() == 1) {
-        cause = s.member(silent[0]) + " is gone: its heartbeat stopped (none for " + seconds(period) + ")";
-      } else if (!silent.empty()) {
-        cause = rank_list(silent) + " of " + std::to_string(s.launch.world_size) +
-                " are gone: their heartbeats stopped (none for " + seconds(period) + ")";
-      } else {
-        cause = "every rank's heartbeat is still beating, so no process died: a rank is stuck or the network "
-                "failed";
-      }
-    }
-  } catch (const std::exception&) {
+  if (const int64_t r = published(); r >= 0) {
+    cause = s.member(r) + " failed: " + watch.failures[r];
+  } else if (!watch.store_error.empty() || !watch.failures_read) {
+    const std::string why = watch.store_error.empty() ? "has not answered for " + since(watch.last_answer)
+                                                      : "no longer answers (" + watch.store_error + ")";
     if (s.launch.agent_store) {
-      cause = "the rendezvous store of torchrun's agent at " + s.rendezvous + " no longer answers (is torchrun gone?)";
+      cause = "the rendezvous store of torchrun's agent at " + s.rendezvous + " " + why +
+              ": is torchrun gone, or the network to it cut?";
     } else if (me == 0) {
-      cause = "the rendezvous store this rank hosts stopped answering";
+      cause = "the rendezvous store this rank hosts " + why;
+    } else if (watch.store_error.empty()) {
+      cause = s.member(0) + " is unreachable: the rendezvous store it hosts at " + s.rendezvous + " " + why +
+              " (rank 0 stopped, or the network to it was cut)";
     } else {
-      cause = s.member(0) + " is gone: the rendezvous store it hosted at " + s.rendezvous + " no longer answers";
+      cause = s.member(0) + " is gone: the rendezvous store it hosted at " + s.rendezvous + " " + why;
     }
+  } else if (const auto ranks = silent(now); ranks.size() == 1) {
+    cause = s.member(ranks[0]) + " is gone: its heartbeat stopped (none for " + since(watch.changed[ranks[0]]) + ")";
+  } else if (!ranks.empty()) {
+    cause = rank_list(ranks) + " of " + std::to_string(s.launch.world_size) +
+            " are gone: their heartbeats stopped (none for " + since(watch.changed[ranks[0]]) + " or more)";
+  } else {
+    cause = "every rank's heartbeat is still beating, so no process died: a rank is stuck or the network failed";
   }
   const std::string backend_name = s.backend == "nccl" ? "NCCL" : "Gloo";
   return cause + "; rank " + std::to_string(me) + " stops: " + what + " failed. " + backend_name + " said: " + error;

@@ -47,10 +47,12 @@ std::string resolve_backend(std::string_view backend, const Device& device);
 struct ProcessGroupOptions {
   /// The backend to use (see resolve_backend()).
   TORCH_ARG(Backend, backend) = Backend::kAuto;
-  /// How long the rendezvous waits for every rank, and a collective for a lost one, before failing.
+  /// How long a rank waits for another (`dist.timeout`): the rendezvous for every rank, the store to connect and
+  /// hand out keys, and each send and receive of a collective (the backend's own timeout) before failing.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(60);
-  /// How often each rank proves it is alive through the rendezvous store; a rank whose count has not moved for
-  /// three periods is reported as gone when a collective fails.
+  /// How often each rank proves it is alive through the rendezvous store, and reads every rank's count, on a
+  /// thread and a store connection of its own. When a collective fails, a rank whose count has not moved for three
+  /// periods is reported as gone, and a store that answered no round for as long as unreachable.
   TORCH_ARG(std::chrono::milliseconds, heartbeat) = std::chrono::milliseconds(500);
 };
 
@@ -84,7 +86,8 @@ class ProcessGroupContext {
   /// `MASTER_PORT` rank 0 cannot listen on, a store no rank could reach within the timeout, ranks that never
   /// joined, two processes with the same `RANK`, processes that disagree on `WORLD_SIZE`.
   ProcessGroupContext(const LaunchEnvironment& launch, const Device& device, ProcessGroupOptions options = {});
-  /// Stops the heartbeat and leaves the group.
+  /// Stops the heartbeat and leaves the group. After a failed collective it does not wait for what a lost peer
+  /// may hold up: a heartbeat thread stuck in a store call is left to end with the process, and so is the backend.
   ~ProcessGroupContext();
   ProcessGroupContext(const ProcessGroupContext&) = delete;
   ProcessGroupContext& operator=(const ProcessGroupContext&) = delete;
@@ -121,12 +124,13 @@ class ProcessGroupContext {
   void wait(PendingCollective& pending);
 
   /// Leaves `message` in the store for the other ranks, whose errors then quote it: what a rank calls when it
-  /// fails for a reason of its own. Never throws.
+  /// fails for a reason of its own. Never throws, and does nothing when the store has stopped answering.
   void publish_failure(const std::string& message) noexcept;
 
-  /// Why a collective named `what` failed with `error`: which ranks stopped beating (waiting up to three heartbeat
-  /// periods to tell), or that rank 0's store no longer answers, or the failure a rank published. Used by every
-  /// collective's error; public for tests.
+  /// Why a collective named `what` failed with `error`, from what the heartbeat thread sees (no store call of its
+  /// own, which a dead link could hold up; at most four heartbeat periods): the failure a rank published, or that
+  /// the store is gone or unreachable, or which ranks stopped beating. Used by every collective's error; public for
+  /// tests.
   std::string explain_failure(const std::string& what, const std::string& error);
 
  private:

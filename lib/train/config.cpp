@@ -427,8 +427,9 @@ const std::vector<KeySpec>& key_specs() {
       value_key<bool>("loader.drop_last", &C::drop_last, false, "skip the last batch of an epoch when it is short"),
       enum_key("dist.backend", &C::dist_backend, kBackendNames, Backend::kAuto,
                "c10d backend for multi-process runs: `auto` (NCCL on CUDA, else Gloo), `gloo` or `nccl`"),
-      value_key<int64_t>("dist.timeout_seconds", &C::dist_timeout_seconds, 60,
-                         "how long a collective waits for a lost process before the run fails",
+      value_key<int64_t>("dist.timeout", &C::dist_timeout, 60,
+                         "seconds a rank waits for another (the rendezvous, a collective, the store, a heartbeat) "
+                         "before the run fails naming it",
                          at_least<int64_t>(1, "at least 1")),
       value_key<bool>(
           "dist.data_parallel", &C::dist_data_parallel, false,
@@ -436,6 +437,9 @@ const std::vector<KeySpec>& key_specs() {
   };
   return specs;
 }
+
+// Keys that were renamed, old name to new: configs and checkpoints written before the rename still read.
+const std::map<std::string, std::string> kRenamedKeys = {{"dist.timeout_seconds", "dist.timeout"}};
 
 const KeySpec* find_key(const std::string& name) {
   for (const auto& spec : key_specs()) {
@@ -526,13 +530,14 @@ struct Walker {
         walk(entry.second, key);
         continue;
       }
-      const KeySpec* spec = find_key(name);
+      const auto renamed = kRenamedKeys.find(name);
+      const KeySpec* spec = find_key(renamed == kRenamedKeys.end() ? name : renamed->second);
       if (spec == nullptr) {
         throw Error(detail::concat("unknown config key '", name, "' (", at.text, "); known keys",
                                    section.empty() ? "" : " in '" + section + "'", ": ", keys_in(section)));
       }
-      config.values[name] = spec->read(entry.second, at);
-      config.origins[name] = at.text;
+      config.values[spec->doc.name] = spec->read(entry.second, at);
+      config.origins[spec->doc.name] = at.text;
     }
   }
 };

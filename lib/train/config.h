@@ -128,8 +128,8 @@ struct FullTrainConfig {
 
   /// `dist.backend`.
   Backend dist_backend;
-  /// `dist.timeout_seconds`.
-  int64_t dist_timeout_seconds;
+  /// `dist.timeout`, in seconds.
+  int64_t dist_timeout;
   /// `dist.data_parallel`: one process on every visible GPU (DataParallel).
   bool dist_data_parallel;
 };

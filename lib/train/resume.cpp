@@ -20,13 +20,21 @@ ResumePoint resume_point(TrainingCheckpoint checkpoint, const std::string& sourc
   return point;
 }
 
-ResumePoint resume_run(const std::string& run_dir, const std::vector<std::string>& overrides) {
-  const CheckpointFolder folder(run_dir);
-  auto found = folder.load_newest();
-  DKIT_CHECK(found.has_value(), "cannot resume '", run_dir, "': no readable checkpoint in '", folder.path(), "'");
+std::optional<ResumePoint> try_resume_run(const std::string& run_dir, const std::vector<std::string>& overrides) {
+  auto found = CheckpointFolder(run_dir).load_newest();
+  if (!found) {
+    return std::nullopt;
+  }
   ResumePoint point = resume_point(std::move(found->checkpoint), found->path, overrides, run_dir);
   point.skipped = std::move(found->skipped);
   return point;
+}
+
+ResumePoint resume_run(const std::string& run_dir, const std::vector<std::string>& overrides) {
+  std::optional<ResumePoint> point = try_resume_run(run_dir, overrides);
+  DKIT_CHECK(point.has_value(), "cannot resume '", run_dir, "': no readable checkpoint in '",
+             CheckpointFolder(run_dir).path(), "'");
+  return std::move(*point);
 }
 
 } // namespace dkit

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,10 @@ ResumePoint resume_point(TrainingCheckpoint checkpoint, const std::string& sourc
 /// resume_point() of the newest readable checkpoint of the run in `run_dir` (see CheckpointFolder::load_newest());
 /// an error naming the folder when it has none.
 ResumePoint resume_run(const std::string& run_dir, const std::vector<std::string>& overrides = {});
+
+/// resume_run() when the run in `run_dir` has a readable checkpoint; nothing when it has none (no folder, or no
+/// checkpoint in it yet): how a job that its launcher restarts (`dkit train --auto-resume`) continues where it was.
+std::optional<ResumePoint> try_resume_run(const std::string& run_dir, const std::vector<std::string>& overrides = {});
 
 /// Options for Trainer besides the configuration: where the run writes, what it continues, and how it reports.
 struct TrainerOptions {

@@ -167,7 +167,7 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
       "train.weight_decay=0.01", "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
       "train.tensorboard=true",
       "loader.placement=pageable", "loader.prefetch=3", "loader.shuffle=false", "loader.drop_last=true",
-      "dist.backend=gloo", "dist.timeout_seconds=9", "dist.data_parallel=true"};
+      "dist.backend=gloo", "dist.timeout=9", "dist.data_parallel=true"};
   ASSERT_EQ(every_key.size(), config_keys().size());
   const TrainConfig written = parse_config("", "test.yaml", "/base", every_key);
   const FullTrainConfig first(written);
@@ -188,6 +188,14 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
   EXPECT_EQ(first.activation, Activation::kTanh);
   EXPECT_EQ(first.data_source, DataSource::kMnist);
   EXPECT_EQ(first.precision, Precision::kBFloat16);
+}
+
+TEST_F(ConfigTest, ARenamedKeyIsReadUnderItsNewName) {
+  // dist.timeout was dist.timeout_seconds: configs and checkpoints that say so still read.
+  const FullTrainConfig full = resolve("data: {source: synthetic}\ndist: {timeout_seconds: 7}");
+  EXPECT_EQ(full.dist_timeout, 7);
+  EXPECT_NE(to_yaml(full).find("  timeout: 7\n"), std::string::npos) << to_yaml(full);
+  EXPECT_EQ(resolve("data: {source: synthetic}", {"dist.timeout_seconds=8"}).dist_timeout, 8);
 }
 
 TEST_F(ConfigTest, DocumentedDefaultsAreTheDefaults) {

@@ -466,6 +466,29 @@ TEST_F(TrainProcessTest, ResumeSkipsCorruptNewestCheckpointsAndSaysSo) {
   EXPECT_EQ(load_training_checkpoint(folder + "/last.pt").step, 10);
 }
 
+// --auto-resume, the command a launcher reruns after a failure: the first time it starts the run from the config,
+// later it continues from the run folder's newest checkpoint (with the config saved there, and --set on top).
+TEST_F(TrainProcessTest, AutoResumeStartsARunThenContinuesIt) {
+  const std::string config = write_config(
+      "auto.yaml", "data: {source: synthetic, samples: 200, features: 8, classes: 3}\nmodel: {hidden: [16]}\n"
+                   "train: {epochs: 20, batch_size: 16, checkpoint_every: 2, max_steps: 4}\n");
+  const std::string run_dir = tmp_.file("run");
+  auto with_auto = [&](std::vector<std::string> argv) {
+    argv.push_back("--auto-resume");
+    return argv;
+  };
+  const auto started = run(with_auto(train_with(config, run_dir)), "started", 0);
+  EXPECT_EQ(started->err().find("dkit: resuming from"), std::string::npos) << started->err();
+  EXPECT_EQ(load_training_checkpoint(run_dir + "/checkpoints/last.pt").step, 4);
+  const auto continued = run(with_auto(train_with(config, run_dir, {"train.max_steps=6"})), "continued", 0);
+  EXPECT_EQ(continued->err().rfind("dkit: resuming from " + run_dir + "/checkpoints/", 0), 0u) << continued->err();
+  EXPECT_NE(test::read_file(run_dir + "/train.log").find("resumed from "), std::string::npos);
+  EXPECT_EQ(load_training_checkpoint(run_dir + "/checkpoints/last.pt").step, 6);
+  const auto no_out = run({DKIT_APP_PATH, "train", "--config", config, "--auto-resume"}, "no-out", 1);
+  EXPECT_EQ(no_out->err(), "dkit: error: --auto-resume needs --config FILE and --out DIR: the run starts from the "
+                           "config, and continues from DIR's newest checkpoint when restarted\n");
+}
+
 // A data set that changed between a run and its resume: the checksum saved in the checkpoint no longer matches,
 // and resuming is refused with a message rather than continuing on other data.
 TEST_F(TrainProcessTest, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
