@@ -4,10 +4,10 @@
 #include "../support.h"
 #include "network.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <sstream>
