@@ -1,5 +1,6 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 
+#include <dkit/checkpoint/detail/state_dict_value.h>
 #include <dkit/checkpoint/safetensors.h>
 #include <dkit/core/error.h>
 #include <dkit/device/device.h>
@@ -23,12 +24,8 @@ LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options) {
   if (!is_safetensors_path(path)) {
     return mlp_from(read_torch_file(path, read_options).root, path, options);
   }
-  const SafetensorsFile file = read_safetensors(path, read_options);
-  PickleValue root = PickleValue::dict();
-  for (const auto& item : file.tensors) {
-    root.entries().emplace_back(item.key(), item.value());
-  }
-  return mlp_from(root, path, options);
+  return mlp_from(detail::state_dict_value(read_safetensors(path, read_options).tensors, /*ordered=*/false), path,
+                  options);
 }
 
 LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const LoadMlpOptions& options) {
@@ -80,11 +77,7 @@ void export_mlp(const std::string& path, const LoadedMlp& model) {
     write_safetensors(path, state_dict);
     return;
   }
-  PickleValue root = PickleValue::dict();
-  for (const auto& item : state_dict) {
-    root.entries().emplace_back(item.key(), item.value());
-  }
-  write_torch_file(path, root);
+  write_torch_file(path, detail::state_dict_value(state_dict, /*ordered=*/false));
 }
 
 } // namespace dkit

@@ -1,5 +1,6 @@
 #include <dkit/checkpoint/state_dict.h>
 
+#include <dkit/checkpoint/detail/state_dict_value.h>
 #include <dkit/checkpoint/safetensors.h>
 #include <dkit/core/error.h>
 
@@ -150,11 +151,7 @@ void write_state_dict(const std::string& path, const StateDict& state_dict) {
     write_safetensors(path, state_dict);
     return;
   }
-  PickleValue root = PickleValue::ordered_dict();
-  for (const auto& item : state_dict) {
-    root.entries().emplace_back(item.key(), item.value());
-  }
-  write_torch_file(path, root);
+  write_torch_file(path, detail::state_dict_value(state_dict, /*ordered=*/true));
 }
 
 StateDict module_state_dict(const torch::nn::Module& module) {
