@@ -166,6 +166,8 @@ std::vector<Suite>& registry() {
        multi_gpu_unsupported, bench_multi_gpu},
       {"train", "MLP training steps at batch 32 ... 8192: eager vs CUDA graph, data placements, PyTorch beside",
        nullptr, bench_train},
+      {"optimizers", "MLP steps per optimizer at batch 64, 256, 1024: fused vs LibTorch's, the matmul limit, PyTorch",
+       nullptr, bench_optimizers},
   };
   return suites;
 }

@@ -24,7 +24,7 @@ struct SuiteOptions {
   TORCH_ARG(std::vector<Device>, devices) = {};
   /// Timed samples per case after the warm-up; 0 for the suite's default.
   TORCH_ARG(int64_t, repeat) = 0;
-  /// Problem sizes to sweep: matrix sides (matmul, logging, multi-gpu), bytes (transfer), batch sizes (train);
+  /// Problem sizes to sweep: matrix sides (matmul, logging, multi-gpu), bytes (transfer), batch sizes (train, optimizers);
   /// empty for the suite's default.
   TORCH_ARG(std::vector<int64_t>, sizes) = {};
   /// Steps in one timed run, for suites that time a loop (logging: 1000; train: enough steps for a quarter of a
@@ -32,10 +32,10 @@ struct SuiteOptions {
   TORCH_ARG(int64_t, steps) = 0;
   /// Smaller default sizes and fewer steps, for a run of seconds rather than minutes.
   TORCH_ARG(bool, quick) = false;
-  /// Python interpreter for the `train` suite's PyTorch side (bench/python/mlp_train.py); empty for
+  /// Python interpreter for the `train` and `optimizers` suites' PyTorch side (bench/python/mlp_train.py); empty for
   /// `/usr/bin/python3` when it exists, else `python3` from the PATH; `none` to leave PyTorch out.
   TORCH_ARG(std::string, python) = "";
-  /// The `train` suite's Python script; empty for `mlp_train.py` beside the running program (where the build copies
+  /// The `train` and `optimizers` suites' Python script; empty for `mlp_train.py` beside the running program (where the build copies
   /// bench/python/mlp_train.py), else `../share/dkit/mlp_train.py` relative to it (where `cmake --install` puts it).
   TORCH_ARG(std::string, python_script) = "";
   /// Called with a line as each case starts, so that a long run shows progress; empty for silence.
@@ -106,6 +106,12 @@ SuiteResult bench_multi_gpu(const SuiteOptions& options);
 /// dkit::Loader, a CUDA-graph step on GPUs, and the same MLP in PyTorch (`python`) side by side; ms per step,
 /// samples/s, GFLOP/s and the ratio to PyTorch's faster loop.
 SuiteResult bench_train(const SuiteOptions& options);
+
+/// `optimizers`: MLP [64, 256, 256, 10] training steps at batch sizes `sizes` (default 64, 256, 1024) with each
+/// optimizer dkit fuses (SGD plain, with momentum, with Nesterov momentum and weight decay; Adam; AdamW): dkit's
+/// step with its fused optimizer and with LibTorch's own, the step's matrix products alone (the limit), and
+/// PyTorch eager with the same optimizer side by side; ms per step, the ratio to the limit and to PyTorch.
+SuiteResult bench_optimizers(const SuiteOptions& options);
 
 /// Why `transfer` cannot run with these options; empty when it can.
 std::string transfer_unsupported(const SuiteOptions& options);

@@ -16,7 +16,7 @@ packages=(
   zlib1g-dev                          # reads the gzipped IDX files of MNIST and Fashion-MNIST
   libgtest-dev                        # GoogleTest, for the test suite
   iproute2                            # ip netns: the multi-host tests make their two hosts with network namespaces
-  libsleef-dev                        # sleef.h, included by LibTorch's AVX2 and AVX-512 vector headers (FusedAdam)
+  libsleef-dev                        # sleef.h, included by LibTorch's AVX2 and AVX-512 vector headers (the fused optimizers)
 )
 torch_packages=(
   libtorch-dev                        # LibTorch 1.13, CPU only

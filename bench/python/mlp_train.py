@@ -2,8 +2,9 @@
 """Trains dkit's MLP in real PyTorch, the two idiomatic ways, and prints the steady-state throughput.
 
 This is the Python side of dkit's training comparisons (bench/compare_python.sh, `dkit bench train`). It builds
-the same model dkit builds (nn.Sequential of Linear and ReLU, PyTorch's default initialisation), the same Adam
-optimizer and the same cross-entropy loss, and feeds it the same data: a CSV of numbers with the label last
+the same model dkit builds (nn.Sequential of Linear and ReLU, PyTorch's default initialisation), the same
+optimizer (Adam by default; --optimizer sgd|adam|adamw with --lr, --momentum, --nesterov, --weight-decay, as the
+`optimizers` suite passes them) and the same cross-entropy loss, and feeds it the same data: a CSV of numbers with the label last
 (data/digits.csv by default, standardised), or random data of a given width.
 
 Two loops, as PyTorch users write them:
@@ -94,6 +95,15 @@ def train_slicing(model, opt, X, y, batch, steps, device):
 LOOPS = {"dataloader": train_dataloader, "slicing": train_slicing}
 
 
+def make_optimizer(args, params):
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, nesterov=args.nesterov,
+                               weight_decay=args.weight_decay)
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    return torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/digits.csv", help="CSV, label last; 'random:N:F:C' for random data")
@@ -103,7 +113,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=100, help="untimed steps first")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs of --steps steps, one after the other")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 leaves PyTorch's default")
+    parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--momentum", type=float, default=0.0, help="SGD only")
+    parser.add_argument("--nesterov", action="store_true", help="SGD only")
+    parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--loops", default="dataloader,slicing")
     parser.add_argument("--seed", type=int, default=0)
@@ -125,7 +139,7 @@ def main():
         loop = LOOPS[name]
         torch.manual_seed(args.seed)
         model = build_model(X.shape[1], hidden, classes).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        opt = make_optimizer(args, model.parameters())
         if args.warmup > 0:
             loop(model, opt, X, y, args.batch, args.warmup, device)
         runs = []
@@ -138,6 +152,7 @@ def main():
         seconds, samples = sorted(runs)[(len(runs) - 1) // 2]
         print(json.dumps({
             "impl": "pytorch", "loop": name, "torch": torch.__version__, "device": str(device),
+            "optimizer": repr(opt).splitlines()[0].strip(" ("),
             "threads": torch.get_num_threads(), "batch": args.batch, "hidden": hidden, "steps": args.steps,
             "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
             "ms_per_step": 1e3 * seconds / args.steps, "samples_per_second": samples / seconds,

@@ -337,6 +337,19 @@ KeySpec data_path_key() {
   return spec;
 }
 
+// `train.nesterov`: checked against train.momentum, which key_specs() resolves before it.
+KeySpec nesterov_key() {
+  KeySpec spec = value_key<bool>("train.nesterov", &FullTrainConfig::nesterov, false,
+                                 "SGD: Nesterov momentum (needs train.momentum above 0); other optimizers ignore it");
+  spec.resolve = [resolve = spec.resolve](const TrainConfig& config, FullTrainConfig& full) {
+    resolve(config, full);
+    DKIT_CHECK(!full.nesterov || full.optimizer != OptimizerKind::kSgd || full.momentum > 0,
+               "config key 'train.nesterov' (", given(config, "train.nesterov"),
+               ") needs train.momentum above 0, got ", full.momentum);
+  };
+  return spec;
+}
+
 template <typename T>
 Requirement<T> at_least(typename ElementOf<T>::type minimum, const char* text) {
   return {[minimum](const auto& value) { return value >= minimum; }, text};
@@ -403,6 +416,7 @@ const std::vector<KeySpec>& key_specs() {
                "device read per step); `bf16` and `fp16` train through autograd, not the written-out step"),
       value_key<double>("train.momentum", &C::momentum, 0.9, "SGD momentum, in [0, 1); other optimizers ignore it",
                         fraction()),
+      nesterov_key(),
       value_key<double>("train.weight_decay", &C::weight_decay, 0.0,
                         "L2 penalty (sgd, adam) or decoupled weight decay (adamw)",
                         {[](double decay) { return decay >= 0.0 && std::isfinite(decay); }, "at least 0"}),

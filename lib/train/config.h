@@ -106,6 +106,8 @@ struct FullTrainConfig {
   Precision precision;
   /// `train.momentum` (SGD).
   double momentum;
+  /// `train.nesterov` (SGD).
+  bool nesterov;
   /// `train.weight_decay`.
   double weight_decay;
   /// `train.log_every`.

@@ -1,7 +1,7 @@
 #include <dkit/train/optim.h>
 
 #include <dkit/core/compat.h>
-#include <dkit/train/detail/adam_kernel.h>
+#include <dkit/train/detail/optim_kernels.h>
 
 #include <torch/torch.h>
 
@@ -17,30 +17,41 @@ namespace {
 
 using detail::AdamConstants;
 using detail::AdamSlot;
+using detail::SgdConstants;
+using detail::SgdSlot;
+
+const detail::OptimKernelBuild& widest_build() {
+  static const detail::OptimKernelBuild build = detail::optim_kernel_builds().back();
+  return build;
+}
 
 void update_range(const AdamSlot& s, int64_t begin, int64_t end, bool fma) {
-  static const auto update = detail::adam_kernel_builds().back().update;
-  update(s, begin, end, fma);
+  widest_build().adam_update(s, begin, end, fma);
+}
+
+void update_range(const SgdSlot& s, int64_t begin, int64_t end, bool fma) {
+  widest_build().sgd_update(s, begin, end, fma);
 }
 
 // Splits the parameters into blocks so that one parallel_for covers them all: large parameters are shared between
 // LibTorch's intra-op threads as its own element-wise kernels share them, small ones cost no thread hand-off.
-void run_slots(const std::vector<AdamSlot>& slots, FusedAdamKernel kernel) {
+template <typename Slot>
+void run_slots(const std::vector<Slot>& slots, FusedKernel kernel) {
   constexpr int64_t kBlock = 8192;
   struct Block {
-    const AdamSlot* slot;
+    const Slot* slot;
     int64_t begin;
     int64_t end;
   };
   std::vector<Block> blocks;
   int64_t total = 0;
-  for (const AdamSlot& slot : slots) {
+  for (const Slot& slot : slots) {
     for (int64_t begin = 0; begin < slot.numel; begin += kBlock) {
       blocks.push_back({&slot, begin, std::min(slot.numel, begin + kBlock)});
     }
     total += slot.numel;
   }
-  const bool fma = kernel == FusedAdamKernel::kFusedMultiplyAdd;
+  const bool fma = kernel == FusedKernel::kFusedMultiplyAdd;
   auto run = [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
       const Block& block = blocks[static_cast<size_t>(b)];
@@ -91,9 +102,9 @@ AdamConstants constants_for(const Options& options, int64_t step, bool decoupled
 // gradient or its state is one that the kernels do not handle.
 template <typename Options, typename State, typename StateMap>
 bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, bool decoupled,
-                FusedAdamKernel kernel) {
+                FusedKernel kernel) {
   using Key = typename StateMap::key_type;
-  if (kernel == FusedAdamKernel::kNone) {
+  if (kernel == FusedKernel::kNone) {
     return false;
   }
   for (auto& group : groups) {
@@ -142,6 +153,74 @@ bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap
   return true;
 }
 
+SgdConstants sgd_constants_for(const torch::optim::SGDOptions& options, bool first) {
+  SgdConstants c;
+  c.l2 = options.weight_decay() != 0;
+  c.weight_decay = static_cast<float>(options.weight_decay());
+  c.momentum = options.momentum() != 0;
+  c.momentum_factor = static_cast<float>(options.momentum());
+  c.one_minus_dampening = static_cast<float>(1 - options.dampening());
+  c.first = first;
+  c.nesterov = options.nesterov();
+  c.neg_lr = static_cast<float>(-1 * options.lr());
+  return c;
+}
+
+// One SGD step of every parameter with a gradient by `kernel`; false, with nothing changed, when a parameter, its
+// gradient or its momentum buffer is one that the kernels do not handle.
+template <typename StateMap>
+bool fused_sgd_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, FusedKernel kernel) {
+  using Key = typename StateMap::key_type;
+  if (kernel == FusedKernel::kNone) {
+    return false;
+  }
+  for (auto& group : groups) {
+    const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
+    for (auto& p : group.params()) {
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      if (!eligible(p, p) || !eligible(grad, p)) {
+        return false;
+      }
+      if (options.momentum() != 0) {
+        const auto found = states.find(compat::optimizer_state_key<Key>(p));
+        if (found != states.end() &&
+            !eligible(static_cast<const torch::optim::SGDParamState&>(*found->second).momentum_buffer(), p)) {
+          return false;
+        }
+      }
+    }
+  }
+  std::vector<SgdSlot> slots;
+  for (auto& group : groups) {
+    const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
+    for (auto& p : group.params()) {
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      float* buffer = nullptr;
+      bool first = false;
+      if (options.momentum() != 0) {
+        auto& entry = states[compat::optimizer_state_key<Key>(p)];
+        if (!entry) {
+          auto fresh = std::make_unique<torch::optim::SGDParamState>();
+          fresh->momentum_buffer(at::empty_like(p, at::MemoryFormat::Contiguous));
+          entry = std::move(fresh);
+          first = true;
+        }
+        buffer = static_cast<torch::optim::SGDParamState&>(*entry).momentum_buffer().data_ptr<float>();
+      }
+      slots.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), buffer, p.numel(),
+                       sgd_constants_for(options, first)});
+    }
+  }
+  run_slots(slots, kernel);
+  return true;
+}
+
 at::Tensor probe_values(int64_t n, double frequency, double scale, double offset) {
   return at::sin(at::arange(n, at::TensorOptions().dtype(at::kDouble)) * frequency + offset)
       .mul_(scale)
@@ -151,7 +230,7 @@ at::Tensor probe_values(int64_t n, double frequency, double scale, double offset
 // Runs LibTorch's optimizer and `kernel` side by side on a probe parameter for a few steps; true when every value
 // is bitwise the same.
 template <typename Optimizer, typename Options, typename State>
-bool kernel_matches(FusedAdamKernel kernel, const Options& options, bool decoupled) {
+bool adam_kernel_matches(FusedKernel kernel, const Options& options, bool decoupled) {
   constexpr int64_t kSize = 1003;
   at::Tensor reference = probe_values(kSize, 0.37, 0.5, 0.1).set_requires_grad(true);
   at::Tensor mine = reference.detach().clone();
@@ -171,33 +250,72 @@ bool kernel_matches(FusedAdamKernel kernel, const Options& options, bool decoupl
          at::equal(state.exp_avg_sq(), exp_avg_sq);
 }
 
-FusedAdamKernel probe_kernel() {
+// Runs torch::optim::SGD and `kernel` side by side on a probe parameter for a few steps; true when every value
+// is bitwise the same.
+bool sgd_kernel_matches(FusedKernel kernel, const torch::optim::SGDOptions& options) {
+  constexpr int64_t kSize = 1003;
+  at::Tensor reference = probe_values(kSize, 0.37, 0.5, 0.1).set_requires_grad(true);
+  at::Tensor mine = reference.detach().clone();
+  at::Tensor buffer = at::zeros_like(mine);
+  torch::optim::SGD optimizer(std::vector<at::Tensor>{reference}, options);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const at::Tensor grad = probe_values(kSize, 0.11 * static_cast<double>(step), 0.1, 0.3);
+    reference.mutable_grad() = grad.clone();
+    optimizer.step();
+    const std::vector<SgdSlot> slot = {{mine.data_ptr<float>(), grad.data_ptr<float>(), buffer.data_ptr<float>(),
+                                        kSize, sgd_constants_for(options, step == 1)}};
+    run_slots(slot, kernel);
+  }
+  if (!at::equal(reference.detach(), mine)) {
+    return false;
+  }
+  if (options.momentum() == 0) {
+    return optimizer.state().empty();
+  }
+  const auto& state = static_cast<const torch::optim::SGDParamState&>(*optimizer.state().begin()->second);
+  return at::equal(state.momentum_buffer(), buffer);
+}
+
+FusedKernel probe_sgd_kernel() {
   const at::NoGradGuard no_grad;
-  for (const auto kernel : {FusedAdamKernel::kFusedMultiplyAdd, FusedAdamKernel::kSeparateRounding}) {
-    const bool adam = kernel_matches<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
+  using torch::optim::SGDOptions;
+  for (const auto kernel : {FusedKernel::kFusedMultiplyAdd, FusedKernel::kSeparateRounding}) {
+    if (sgd_kernel_matches(kernel, SGDOptions(0.1)) &&
+        sgd_kernel_matches(kernel, SGDOptions(0.1).momentum(0.9).dampening(0.1).weight_decay(0.01)) &&
+        sgd_kernel_matches(kernel, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01))) {
+      return kernel;
+    }
+  }
+  return FusedKernel::kNone;
+}
+
+FusedKernel probe_adam_kernel() {
+  const at::NoGradGuard no_grad;
+  for (const auto kernel : {FusedKernel::kFusedMultiplyAdd, FusedKernel::kSeparateRounding}) {
+    const bool adam = adam_kernel_matches<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
         kernel, torch::optim::AdamOptions(1e-3).weight_decay(0.01), /*decoupled=*/false);
     const bool adamw =
-        kernel_matches<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+        adam_kernel_matches<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
             kernel, torch::optim::AdamWOptions(1e-3).weight_decay(0.01), /*decoupled=*/true);
     if (adam && adamw) {
       return kernel;
     }
   }
-  return FusedAdamKernel::kNone;
+  return FusedKernel::kNone;
 }
 
 } // namespace
 
 namespace detail {
 
-std::vector<AdamKernelBuild> adam_kernel_builds() {
-  std::vector<AdamKernelBuild> builds = {{"default", &DEFAULT::adam_update}};
-#if DKIT_ADAM_KERNEL_AVX
+std::vector<OptimKernelBuild> optim_kernel_builds() {
+  std::vector<OptimKernelBuild> builds = {DEFAULT::build()};
+#if DKIT_OPTIM_KERNELS_AVX
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    builds.push_back({"avx2", &AVX2::adam_update});
+    builds.push_back(AVX2::build());
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-      builds.push_back({"avx512", &AVX512::adam_update});
+      builds.push_back(AVX512::build());
     }
   }
 #endif
@@ -206,8 +324,13 @@ std::vector<AdamKernelBuild> adam_kernel_builds() {
 
 } // namespace detail
 
-FusedAdamKernel fused_adam_kernel() {
-  static const FusedAdamKernel kernel = probe_kernel();
+FusedKernel fused_adam_kernel() {
+  static const FusedKernel kernel = probe_adam_kernel();
+  return kernel;
+}
+
+FusedKernel fused_sgd_kernel() {
+  static const FusedKernel kernel = probe_sgd_kernel();
   return kernel;
 }
 
@@ -222,13 +345,23 @@ int kernel_threads() {
   return static_cast<int>(threads.size());
 }
 
-std::string to_string(FusedAdamKernel kernel) {
+std::string to_string(FusedKernel kernel) {
   switch (kernel) {
-    case FusedAdamKernel::kFusedMultiplyAdd: return "fma";
-    case FusedAdamKernel::kSeparateRounding: return "separate";
-    case FusedAdamKernel::kNone: return "none";
+    case FusedKernel::kFusedMultiplyAdd: return "fma";
+    case FusedKernel::kSeparateRounding: return "separate";
+    case FusedKernel::kNone: return "none";
   }
-  TORCH_INTERNAL_ASSERT(false, "unhandled FusedAdamKernel ", static_cast<int>(kernel));
+  TORCH_INTERNAL_ASSERT(false, "unhandled FusedKernel ", static_cast<int>(kernel));
+}
+
+FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups, torch::optim::SGDOptions defaults)
+    : torch::optim::SGD(std::move(param_groups), std::move(defaults)) {
+  fused_sgd_kernel();
+}
+
+FusedSGD::FusedSGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults)
+    : torch::optim::SGD(std::move(params), std::move(defaults)) {
+  fused_sgd_kernel();
 }
 
 FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups, torch::optim::AdamOptions defaults)
@@ -250,6 +383,19 @@ FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_grou
 FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults)
     : torch::optim::AdamW(std::move(params), std::move(defaults)) {
   fused_adam_kernel();
+}
+
+torch::Tensor FusedSGD::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    const at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const at::NoGradGuard no_grad;
+  if (!fused_sgd_step(param_groups_, state_, fused_sgd_kernel())) {
+    torch::optim::SGD::step();
+  }
+  return loss;
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {

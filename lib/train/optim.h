@@ -2,14 +2,15 @@
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <string>
 #include <vector>
 
 namespace dkit {
 
-/// How FusedAdam and FusedAdamW update CPU parameters in this process.
-enum class FusedAdamKernel {
+/// How dkit's fused optimizers (FusedSGD, FusedAdam, FusedAdamW) update CPU parameters in this process.
+enum class FusedKernel {
   /// One pass per parameter, rounding as LibTorch's CPU kernels do when they use fused multiply-adds (the
   /// AVX2 and AVX-512 kernels).
   kFusedMultiplyAdd,
@@ -21,17 +22,45 @@ enum class FusedAdamKernel {
 };
 
 /// Which kernel FusedAdam and FusedAdamW use on the CPU here. The first call runs a probe (once per process): a
-/// few Adam updates of a probe tensor by LibTorch's own operations and by each of dkit's kernels, keeping the
-/// kernel whose results are bitwise the same.
-FusedAdamKernel fused_adam_kernel();
+/// few Adam and AdamW updates of a probe tensor by LibTorch's own optimizers and by each of dkit's kernels,
+/// keeping the kernel whose results are bitwise the same.
+FusedKernel fused_adam_kernel();
+
+/// Which kernel FusedSGD uses on the CPU here, found as fused_adam_kernel() is, by a probe of torch::optim::SGD
+/// with and without momentum, dampening, Nesterov momentum and weight decay.
+FusedKernel fused_sgd_kernel();
 
 /// `fma`, `separate` or `none`, for logs and benchmark notes.
-std::string to_string(FusedAdamKernel kernel);
+std::string to_string(FusedKernel kernel);
 
 /// How many distinct threads run the chunks of an `at::parallel_for` over `at::get_num_threads()` items in dkit's
 /// kernel code: that number when dkit was compiled with OpenMP (`DKIT_WITH_OPENMP`), 1 otherwise, since
 /// at::parallel_for runs its whole range on the calling thread in code built without OpenMP.
 int kernel_threads();
+
+/// `torch::optim::SGD` whose step() updates each float32 CPU parameter in one pass over its elements (gradient,
+/// weight decay, momentum buffer and parameter together, split over LibTorch's intra-op threads for large
+/// parameters), instead of up to five LibTorch operations per parameter, each a pass of its own with a dispatch
+/// and, for weight decay and Nesterov momentum, a temporary. The results are bitwise those of torch::optim::SGD
+/// (see fused_sgd_kernel()). The state is torch::optim::SGD's (`SGDParamState`, made on the first step with
+/// momentum as LibTorch makes it), so state dicts and dkit's training checkpoints are unchanged, and it is a
+/// `torch::optim::SGD` to everything that asks. Steps with a parameter it does not handle (not on the CPU, not
+/// float32, not contiguous, a sparse gradient) are torch::optim::SGD::step(). Example:
+/// ```
+/// dkit::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
+/// ```
+class FusedSGD : public torch::optim::SGD {
+ public:
+  /// SGD over `param_groups` with `defaults` for the options a group leaves unset; runs the probe of
+  /// fused_sgd_kernel() if this process has not yet.
+  explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups, torch::optim::SGDOptions defaults);
+  /// SGD over `params`, as torch::optim::SGD's constructor of the same form.
+  explicit FusedSGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults);
+
+  /// One SGD update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
+  /// returned.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
 
 /// `torch::optim::Adam` whose step() updates each float32 CPU parameter in one pass over its elements (gradient,
 /// both moments and the parameter together, split over LibTorch's intra-op threads for large parameters), instead

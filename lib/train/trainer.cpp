@@ -36,8 +36,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const FullTrainConfig& c
                                                         const std::vector<torch::Tensor>& params) {
   switch (c.optimizer) {
     case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+      return std::make_unique<FusedSGD>(
+          params,
+          torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
     case OptimizerKind::kAdam:
       return std::make_unique<FusedAdam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
     case OptimizerKind::kAdamW:

@@ -5,6 +5,7 @@
 #include <dkit/config.h>
 #include <dkit/device/report.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -160,6 +161,61 @@ TEST_F(SuitesTest, TrainRunsPyTorchBesideDkitWhenThereIsAPythonWithTorch) {
   EXPECT_EQ(result.notes.front().rfind("cpu batch 8: dkit eager/", 0), 0u) << result.notes.front();
 }
 
+TEST_F(SuitesTest, OptimizersTimesEachFusedOptimizerAgainstLibTorchsAndTheMatmulLimit) {
+  std::string progress;
+  const SuiteResult result =
+      bench_optimizers(SuiteOptions().devices({cpu()}).sizes({4, 8}).steps(3).repeat(2).python("none").progress(
+          [&](const std::string& line) { progress += line + "\n"; }));
+  ASSERT_TRUE(result.ran());
+  EXPECT_EQ(result.suite, "optimizers");
+  const ResultTable& table = result.table;
+  const std::vector<std::string> optimizers = {"sgd", "sgd-momentum", "sgd-nesterov-wd", "adam", "adamw"};
+  ASSERT_EQ(table.rows().size(), 2 * optimizers.size() * 3);
+  std::string expected_progress;
+  size_t row = 0;
+  for (const int64_t batch : {4, 8}) {
+    for (const auto& optimizer : optimizers) {
+      expected_progress += "optimizers: cpu batch " + std::to_string(batch) + " " + optimizer + "\n";
+      for (const char* variant : {"dkit", "dkit/libtorch-optimizer", "matmul-limit"}) {
+        SCOPED_TRACE(::testing::Message() << "row " << row);
+        EXPECT_EQ(integer_of(table.at(row, "batch")), batch);
+        EXPECT_EQ(text_of(table.at(row, "optimizer")), optimizer);
+        EXPECT_EQ(text_of(table.at(row, "variant")), variant);
+        EXPECT_EQ(integer_of(table.at(row, "steps")), 3);
+        EXPECT_EQ(integer_of(table.at(row, "repeat")), 2);
+        EXPECT_TRUE(std::holds_alternative<std::monostate>(table.at(row, "vs_pytorch")));
+        ++row;
+      }
+      EXPECT_EQ(std::get<double>(table.at(row - 1, "vs_limit")), 1.0);
+    }
+  }
+  EXPECT_EQ(progress, expected_progress);
+  EXPECT_EQ(result.notes.back(), "PyTorch comparison left out (--python none)");
+  EXPECT_NE(std::find(result.notes.begin(), result.notes.end(),
+                      "optimizers: sgd = SGD(lr=0.05), sgd-momentum = SGD(lr=0.05, momentum=0.9), sgd-nesterov-wd = "
+                      "SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-04), adam = Adam(lr=0.001), "
+                      "adamw = AdamW(lr=0.001, weight_decay=0.01)"),
+            result.notes.end());
+}
+
+TEST_F(SuitesTest, OptimizersRunsPyTorchWithTheSameOptimizerWhenThereIsAPythonWithTorch) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with torch";
+  }
+  const SuiteResult result =
+      bench_optimizers(SuiteOptions().devices({cpu()}).sizes({8}).steps(2).repeat(1).python("/usr/bin/python3"));
+  const ResultTable& table = result.table;
+  ASSERT_EQ(table.rows().size(), 5u * 4u);
+  for (size_t optimizer = 0; optimizer < 5; ++optimizer) {
+    SCOPED_TRACE(::testing::Message() << "optimizer " << optimizer);
+    EXPECT_EQ(text_of(table.at(4 * optimizer + 3, "variant")), "pytorch/slicing");
+    EXPECT_EQ(integer_of(table.at(4 * optimizer + 3, "steps")), 3) << "at least 3 steps";
+    EXPECT_TRUE(std::holds_alternative<double>(table.at(4 * optimizer, "vs_pytorch")));
+  }
+  EXPECT_EQ(result.notes.back().rfind("pytorch/slicing: the same MLP, optimizer and loss in PyTorch ", 0), 0u)
+      << result.notes.back();
+}
+
 TEST_F(SuitesTest, TransferReportsWhyItNeedsAGpu) {
   if (num_gpus() > 0) {
     GTEST_SKIP() << "a GPU is visible";
@@ -204,6 +260,8 @@ TEST_F(SuitesTest, AllRunsEverySupportedSuiteAndListsTheOthers) {
   EXPECT_FALSE(results[3].ran());
   EXPECT_EQ(results[4].suite, "train");
   EXPECT_TRUE(results[4].ran());
+  EXPECT_EQ(results[5].suite, "optimizers");
+  EXPECT_TRUE(results[5].ran());
   EXPECT_NE(progress.find("multi-gpu: skipped: needs 2 GPUs, found 0"), std::string::npos);
 }
 
@@ -211,7 +269,7 @@ TEST_F(SuitesTest, FindsSuitesByName) {
   EXPECT_EQ(find_suite("logging").name, "logging");
   EXPECT_EQ(try_find_suite("nope"), nullptr);
   EXPECT_EQ(error_message([] { find_suite("nope"); }),
-            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, train, all");
+            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, train, optimizers, all");
 }
 
 TEST_F(SuitesTest, RegisteredSuiteRunsByNameAndComesLast) {

@@ -84,14 +84,14 @@ TEST_F(ConfigTest, SetPathIsRelativeToTheCurrentFolder) {
 TEST_F(ConfigTest, UnknownKeysAreErrorsThatNameTheKey) {
   EXPECT_EQ(error_message([] { parse_config("train:\n  epochs: 3\n  lrr: 0.1\n", "test.yaml", "/base"); }),
             "unknown config key 'train.lrr' (test.yaml line 3); known keys in 'train': epochs, max_steps, batch_size, "
-            "lr, optimizer, precision, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
+            "lr, optimizer, precision, momentum, nesterov, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
             "tensorboard");
   EXPECT_EQ(error_message([] { parse_config("devcie: cpu\n", "test.yaml", "/base"); }),
             "unknown config key 'devcie' (test.yaml line 1); known keys: device, seed, threads, data, model, train, "
             "loader, dist");
   EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"train.lrr=1"}); }),
             "unknown config key 'train.lrr' (--set train.lrr=1); known keys in 'train': epochs, max_steps, batch_size, "
-            "lr, optimizer, precision, momentum, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
+            "lr, optimizer, precision, momentum, nesterov, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
             "tensorboard");
   EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"a.b.c=1"}); }),
             "unknown config key 'a.b.c' (--set a.b.c=1); known keys: device, seed, threads, data, model, train, "
@@ -164,7 +164,7 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
       "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
       "model.hidden=[7, 5]", "model.activation=tanh", "model.dropout=0.5", "train.epochs=2", "train.max_steps=9",
       "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.precision=bf16", "train.momentum=0.5",
-      "train.weight_decay=0.01", "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
+      "train.nesterov=true", "train.weight_decay=0.01", "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
       "train.tensorboard=true",
       "loader.placement=pageable", "loader.prefetch=3", "loader.shuffle=false", "loader.drop_last=true",
       "dist.backend=gloo", "dist.timeout=9", "dist.data_parallel=true"};
@@ -188,6 +188,15 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
   EXPECT_EQ(first.activation, Activation::kTanh);
   EXPECT_EQ(first.data_source, DataSource::kMnist);
   EXPECT_EQ(first.precision, Precision::kBFloat16);
+}
+
+TEST_F(ConfigTest, NesterovMomentumNeedsAMomentum) {
+  EXPECT_EQ(error_message([] { resolve("data: {source: synthetic}\ntrain: {optimizer: sgd, momentum: 0, nesterov: true}"); }),
+            "config key 'train.nesterov' (test.yaml line 2) needs train.momentum above 0, got 0");
+  EXPECT_TRUE(resolve("data: {source: synthetic}", {"train.optimizer=sgd", "train.nesterov=true"}).nesterov);
+  // Other optimizers ignore it, and its check.
+  EXPECT_TRUE(resolve("data: {source: synthetic}", {"train.optimizer=adam", "train.momentum=0", "train.nesterov=true"})
+                  .nesterov);
 }
 
 TEST_F(ConfigTest, ARenamedKeyIsReadUnderItsNewName) {
@@ -254,7 +263,7 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
     EXPECT_FALSE(key.meaning.empty()) << key.name;
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
   }
-  EXPECT_EQ(names.size(), 33u);
+  EXPECT_EQ(names.size(), 34u);
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {

@@ -9,7 +9,7 @@
 namespace dkit {
 namespace {
 
-class FusedAdamTest : public test::SeedingFixture {
+class FusedOptimizerTest : public test::SeedingFixture {
  protected:
   /// Parameters shaped like the digits MLP's, with sizes that leave partial vectors and blocks.
   static std::vector<at::Tensor> parameters() {
@@ -28,10 +28,10 @@ class FusedAdamTest : public test::SeedingFixture {
     return out;
   }
 
-  /// Runs `steps` steps of both optimizers with the same random gradients; every parameter and state tensor must
-  /// stay bitwise equal.
-  template <typename Reference, typename Fused, typename Options, typename State>
-  static void expect_same_steps(const Options& options, int64_t steps, int threads) {
+  /// Runs `steps` steps of both optimizers with the same random gradients; every parameter must stay bitwise
+  /// equal, and `same_state` is asked about each parameter's state in both.
+  template <typename Reference, typename Fused, typename Options, typename SameState>
+  static void expect_same_steps(const Options& options, int64_t steps, int threads, SameState same_state) {
     const int previous_threads = at::get_num_threads();
     at::set_num_threads(threads);
     auto reference_params = parameters();
@@ -48,15 +48,39 @@ class FusedAdamTest : public test::SeedingFixture {
       fused.step();
     }
     at::set_num_threads(previous_threads);
+    ASSERT_EQ(reference.state().size(), fused.state().size());
     for (size_t i = 0; i < reference_params.size(); ++i) {
       EXPECT_TRUE(torch::equal(reference_params[i], fused_params[i])) << "parameter " << i;
       using Key = typename std::decay_t<decltype(reference.state())>::key_type;
-      const auto& a = static_cast<const State&>(*reference.state().at(compat::optimizer_state_key<Key>(reference_params[i])));
-      const auto& b = static_cast<const State&>(*fused.state().at(compat::optimizer_state_key<Key>(fused_params[i])));
-      EXPECT_EQ(a.step(), b.step());
-      EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg())) << "exp_avg " << i;
-      EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq())) << "exp_avg_sq " << i;
+      const auto a = reference.state().find(compat::optimizer_state_key<Key>(reference_params[i]));
+      const auto b = fused.state().find(compat::optimizer_state_key<Key>(fused_params[i]));
+      ASSERT_EQ(a == reference.state().end(), b == fused.state().end()) << "state of parameter " << i;
+      if (a != reference.state().end()) {
+        SCOPED_TRACE(::testing::Message() << "state of parameter " << i);
+        same_state(*a->second, *b->second);
+      }
     }
+  }
+
+  template <typename Reference, typename Fused, typename Options>
+  static void expect_same_adam_steps(const Options& options, int64_t steps, int threads) {
+    using State = std::conditional_t<std::is_same_v<Options, torch::optim::AdamOptions>, torch::optim::AdamParamState,
+                                     torch::optim::AdamWParamState>;
+    expect_same_steps<Reference, Fused>(options, steps, threads, [](const auto& x, const auto& y) {
+      const auto& a = static_cast<const State&>(x);
+      const auto& b = static_cast<const State&>(y);
+      EXPECT_EQ(a.step(), b.step());
+      EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg())) << "exp_avg";
+      EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq())) << "exp_avg_sq";
+    });
+  }
+
+  static void expect_same_sgd_steps(const torch::optim::SGDOptions& options, int64_t steps, int threads) {
+    expect_same_steps<torch::optim::SGD, FusedSGD>(options, steps, threads, [](const auto& x, const auto& y) {
+      const auto& a = static_cast<const torch::optim::SGDParamState&>(x);
+      const auto& b = static_cast<const torch::optim::SGDParamState&>(y);
+      EXPECT_TRUE(torch::equal(a.momentum_buffer(), b.momentum_buffer())) << "momentum_buffer";
+    });
   }
 };
 
@@ -67,16 +91,17 @@ using torch::optim::AdamW;
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
 
-TEST_F(FusedAdamTest, UsesItsOwnKernelOnThisMachine) {
+TEST_F(FusedOptimizerTest, UsesItsOwnKernelOnThisMachine) {
 #if defined(__x86_64__)
-  EXPECT_NE(fused_adam_kernel(), FusedAdamKernel::kNone) << "LibTorch's Adam rounds in a way dkit does not know";
+  EXPECT_NE(fused_adam_kernel(), FusedKernel::kNone) << "LibTorch's Adam rounds in a way dkit does not know";
+  EXPECT_NE(fused_sgd_kernel(), FusedKernel::kNone) << "LibTorch's SGD rounds in a way dkit does not know";
 #endif
-  EXPECT_EQ(to_string(FusedAdamKernel::kFusedMultiplyAdd), "fma");
-  EXPECT_EQ(to_string(FusedAdamKernel::kSeparateRounding), "separate");
-  EXPECT_EQ(to_string(FusedAdamKernel::kNone), "none");
+  EXPECT_EQ(to_string(FusedKernel::kFusedMultiplyAdd), "fma");
+  EXPECT_EQ(to_string(FusedKernel::kSeparateRounding), "separate");
+  EXPECT_EQ(to_string(FusedKernel::kNone), "none");
 }
 
-TEST_F(FusedAdamTest, KernelLoopsRunOnEveryIntraOpThreadWhenBuiltWithOpenMp) {
+TEST_F(FusedOptimizerTest, KernelLoopsRunOnEveryIntraOpThreadWhenBuiltWithOpenMp) {
   const int previous = at::get_num_threads();
   at::set_num_threads(2);
   const int used = kernel_threads();
@@ -84,29 +109,93 @@ TEST_F(FusedAdamTest, KernelLoopsRunOnEveryIntraOpThreadWhenBuiltWithOpenMp) {
   EXPECT_EQ(used, DKIT_WITH_OPENMP ? 2 : 1);
 }
 
-TEST_F(FusedAdamTest, StepsAreBitwiseThoseOfTorchAdam) {
-  expect_same_steps<Adam, FusedAdam, AdamOptions, AdamParamState>(AdamOptions(1e-3), 25, 1);
+TEST_F(FusedOptimizerTest, StepsAreBitwiseThoseOfTorchAdam) {
+  expect_same_adam_steps<Adam, FusedAdam>(AdamOptions(1e-3), 25, 1);
 }
 
-TEST_F(FusedAdamTest, StepsAreBitwiseThoseOfTorchAdamOnTwoThreads) {
-  expect_same_steps<Adam, FusedAdam, AdamOptions, AdamParamState>(AdamOptions(1e-3), 25, 2);
+TEST_F(FusedOptimizerTest, StepsAreBitwiseThoseOfTorchAdamOnTwoThreads) {
+  expect_same_adam_steps<Adam, FusedAdam>(AdamOptions(1e-3), 25, 2);
 }
 
-TEST_F(FusedAdamTest, WeightDecayAndOtherBetasAreBitwiseThoseOfTorchAdam) {
-  expect_same_steps<Adam, FusedAdam, AdamOptions, AdamParamState>(
+TEST_F(FusedOptimizerTest, WeightDecayAndOtherBetasAreBitwiseThoseOfTorchAdam) {
+  expect_same_adam_steps<Adam, FusedAdam>(
       AdamOptions(3e-2).betas({0.8, 0.99}).eps(1e-6).weight_decay(0.05), 20, 2);
 }
 
-TEST_F(FusedAdamTest, AdamWStepsAreBitwiseThoseOfTorchAdamW) {
-  expect_same_steps<AdamW, FusedAdamW, AdamWOptions, AdamWParamState>(AdamWOptions(1e-3).weight_decay(0.01), 20, 2);
-  expect_same_steps<AdamW, FusedAdamW, AdamWOptions, AdamWParamState>(AdamWOptions(1e-3).weight_decay(0), 5, 1);
+TEST_F(FusedOptimizerTest, AdamWStepsAreBitwiseThoseOfTorchAdamW) {
+  expect_same_adam_steps<AdamW, FusedAdamW>(AdamWOptions(1e-3).weight_decay(0.01), 20, 2);
+  expect_same_adam_steps<AdamW, FusedAdamW>(AdamWOptions(1e-3).weight_decay(0), 5, 1);
 }
 
-TEST_F(FusedAdamTest, AmsgradFallsBackToTorchAdam) {
-  expect_same_steps<Adam, FusedAdam, AdamOptions, AdamParamState>(AdamOptions(1e-3).amsgrad(true), 10, 1);
+TEST_F(FusedOptimizerTest, PlainSgdStepsAreBitwiseThoseOfTorchSgd) {
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.05), 20, 1);
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.05), 20, 2);
 }
 
-TEST_F(FusedAdamTest, NonContiguousParameterFallsBackToTorchAdam) {
+TEST_F(FusedOptimizerTest, SgdWithMomentumDampeningAndWeightDecayIsBitwiseTorchSgd) {
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.05).momentum(0.9), 20, 2);
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.02).momentum(0.8).dampening(0.3).weight_decay(5e-4), 20, 2);
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.05).weight_decay(0.01), 10, 1);
+}
+
+TEST_F(FusedOptimizerTest, SgdWithNesterovMomentumIsBitwiseTorchSgd) {
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true), 20, 2);
+  expect_same_sgd_steps(torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3), 20, 1);
+}
+
+TEST_F(FusedOptimizerTest, NonContiguousParameterFallsBackToTorchSgd) {
+  const at::Tensor base = torch::randn({6, 8});
+  at::Tensor reference_param = base.clone().t().set_requires_grad(true);
+  at::Tensor fused_param = base.clone().t().set_requires_grad(true);
+  const auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+  torch::optim::SGD reference({reference_param}, options);
+  FusedSGD fused({fused_param}, options);
+  for (int step = 0; step < 5; ++step) {
+    const at::Tensor grad = torch::randn({8, 6});
+    reference_param.mutable_grad() = grad.clone();
+    fused_param.mutable_grad() = grad.clone();
+    reference.step();
+    fused.step();
+  }
+  EXPECT_TRUE(torch::equal(reference_param, fused_param));
+}
+
+TEST_F(FusedOptimizerTest, SgdStateRoundTripsThroughATrainingCheckpointAndResumesBitwise) {
+  auto params = parameters();
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-4);
+  FusedSGD optimizer(params, options);
+  for (int step = 0; step < 3; ++step) {
+    for (auto& p : params) {
+      p.mutable_grad() = torch::randn_like(p);
+    }
+    optimizer.step();
+  }
+  const PickleValue saved = optimizer_state_dict(optimizer);
+  auto resumed_params = copies(params);
+  FusedSGD resumed(resumed_params, torch::optim::SGDOptions(0.05));
+  load_optimizer_state_dict(resumed, saved, "test");
+  const auto& loaded = static_cast<const torch::optim::SGDOptions&>(resumed.param_groups().front().options());
+  EXPECT_TRUE(loaded.nesterov());
+  EXPECT_EQ(loaded.weight_decay(), 1e-4);
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor grad = torch::randn_like(params[i]);
+      params[i].mutable_grad() = grad.clone();
+      resumed_params[i].mutable_grad() = grad.clone();
+    }
+    optimizer.step();
+    resumed.step();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i], resumed_params[i])) << "parameter " << i;
+  }
+}
+
+TEST_F(FusedOptimizerTest, AmsgradFallsBackToTorchAdam) {
+  expect_same_adam_steps<Adam, FusedAdam>(AdamOptions(1e-3).amsgrad(true), 10, 1);
+}
+
+TEST_F(FusedOptimizerTest, NonContiguousParameterFallsBackToTorchAdam) {
   const at::Tensor base = torch::randn({6, 8});
   at::Tensor reference_param = base.clone().t().set_requires_grad(true);
   at::Tensor fused_param = base.clone().t().set_requires_grad(true);
@@ -123,7 +212,7 @@ TEST_F(FusedAdamTest, NonContiguousParameterFallsBackToTorchAdam) {
   EXPECT_TRUE(torch::equal(reference_param, fused_param));
 }
 
-TEST_F(FusedAdamTest, SkipsParametersWithoutGradientAndReturnsTheClosuresLoss) {
+TEST_F(FusedOptimizerTest, SkipsParametersWithoutGradientAndReturnsTheClosuresLoss) {
   at::Tensor a = torch::ones({4}).set_requires_grad(true);
   at::Tensor b = torch::ones({4}).set_requires_grad(true);
   FusedAdam optimizer({a, b}, AdamOptions(0.1));
@@ -139,7 +228,7 @@ TEST_F(FusedAdamTest, SkipsParametersWithoutGradientAndReturnsTheClosuresLoss) {
   EXPECT_EQ(optimizer.state().size(), 1u);
 }
 
-TEST_F(FusedAdamTest, IsATorchAdamWhoseStateRoundTripsThroughATrainingCheckpoint) {
+TEST_F(FusedOptimizerTest, IsATorchAdamWhoseStateRoundTripsThroughATrainingCheckpoint) {
   auto params = parameters();
   FusedAdam optimizer(params, AdamOptions(1e-3));
   for (int step = 0; step < 3; ++step) {

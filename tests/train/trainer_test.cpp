@@ -163,6 +163,22 @@ TEST_F(TrainerTest, ResumeWithTheWrittenOutBackwardAndFusedAdamIsBitwiseExact) {
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
 
+TEST_F(TrainerTest, ResumeWithFusedSgdAndNesterovMomentumIsBitwiseExact) {
+  const std::vector<std::string> keys = {"train.optimizer=sgd", "train.lr=0.05", "train.nesterov=true",
+                                         "train.weight_decay=0.001", "train.checkpoint_every=4", "threads=2",
+                                         "model.hidden=[32,16]"};
+  train(small_run(keys), tmp_.file("whole"));
+  auto first = keys;
+  first.push_back("train.max_steps=13");
+  train(small_run(first), tmp_.file("split"));
+  const auto found = CheckpointFolder(tmp_.file("split")).load_newest();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->checkpoint.step, 13);
+  const TrainSummary rest = train(small_run(keys), tmp_.file("split"), found->checkpoint);
+  EXPECT_EQ(rest.steps, 30);
+  expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
+}
+
 // train.precision: bf16 runs the forward pass under autocast through autograd (not the written-out step); a run
 // stopped and resumed ends with the same weights bitwise, as in fp32.
 TEST_F(TrainerTest, Bf16ResumeFromACheckpointIsBitwiseExact) {

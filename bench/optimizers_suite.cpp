@@ -1,0 +1,166 @@
+#include <dkit/bench/suites.h>
+
+#include <dkit/bench/timing.h>
+#include <dkit/bench/train_common.h>
+#include <dkit/core/error.h>
+#include <dkit/core/format.h>
+#include <dkit/data/dataset.h>
+#include <dkit/train/optim.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
+namespace dkit::bench {
+namespace {
+
+using detail::BenchOptimizer;
+using detail::kClasses;
+using detail::kFeatures;
+using detail::MatmulLimit;
+using detail::PythonRun;
+using detail::TimedVariant;
+using detail::TrainRunner;
+
+constexpr const char* kLimit = "matmul-limit";
+
+} // namespace
+
+SuiteResult bench_optimizers(const SuiteOptions& options) {
+  const std::vector<Device> devices = suite_devices(options);
+  std::vector<int64_t> sizes = options.sizes();
+  if (sizes.empty()) {
+    sizes = options.quick() ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{64, 256, 1024};
+  }
+  for (const int64_t size : sizes) {
+    DKIT_CHECK(size > 0, "sizes must be positive, got ", size);
+  }
+  const int64_t repeat = options.repeat() > 0 ? options.repeat() : (options.quick() ? 3 : 5);
+  const double min_sample_seconds = options.quick() ? 0.05 : 0.25;
+  const int64_t samples = std::max<int64_t>(4096, 4 * *std::max_element(sizes.begin(), sizes.end()));
+  const Dataset data =
+      make_synthetic(SyntheticOptions(samples, kFeatures, kClasses).seed(static_cast<uint64_t>(0)));
+
+  const std::string python = options.python().empty() ? detail::default_python() : options.python();
+  const std::string script =
+      options.python_script().empty() ? detail::default_python_script() : options.python_script();
+  std::string python_skipped;
+  if (python == "none") {
+    python_skipped = "left out (--python none)";
+  } else if (!std::filesystem::exists(script)) {
+    python_skipped = "left out: no script at '" + script + "' (give --python-script)";
+  }
+  std::string torch_python_version;
+
+  ResultTable table("optimizers", {{"device"}, {"batch", ColumnKind::kInteger}, {"optimizer"}, {"variant"},
+                                   {"steps", ColumnKind::kInteger}, {"repeat", ColumnKind::kInteger},
+                                   {"median_ms", ColumnKind::kReal}, {"min_ms", ColumnKind::kReal},
+                                   {"max_ms", ColumnKind::kReal}, {"samples_per_s", ColumnKind::kReal},
+                                   {"vs_limit", ColumnKind::kReal, 3}, {"vs_pytorch", ColumnKind::kReal, 3}});
+  SuiteResult result("optimizers", "", ResultTable("optimizers", {}));
+  const int threads = at::get_num_threads();
+  for (const auto& device : devices) {
+    for (const int64_t batch : sizes) {
+      for (const BenchOptimizer& optimizer : detail::bench_optimizers()) {
+        const std::string where = device.str() + " batch " + std::to_string(batch) + " " + optimizer.name;
+        report_progress(options, "optimizers: " + where);
+        std::vector<TimedVariant> variants;
+        for (const bool fused : {true, false}) {
+          torch::manual_seed(0);
+          auto runner = std::make_shared<TrainRunner>(data, device, batch, Placement::kDevice, optimizer, fused,
+                                                      /*graph=*/false);
+          variants.emplace_back(fused ? "dkit" : "dkit/libtorch-optimizer", "", [runner] { runner->step(); });
+        }
+        auto limit = std::make_shared<MatmulLimit>(device, batch);
+        variants.emplace_back(kLimit, "", [limit] { limit->step(); });
+        detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
+
+        PythonRun py;
+        if (python_skipped.empty()) {
+          report_progress(options, "optimizers: " + where + " PyTorch (" + python + ")");
+          const int64_t steps = std::max<int64_t>(variants.front().iterations, 3);
+          py = detail::run_python(python, script, device, batch, samples, steps,
+                                  /*warmup=*/std::max<int64_t>(steps, 10), repeat, "slicing",
+                                  optimizer.python_arguments());
+          if (!py.error.empty()) {
+            python_skipped = "left out: " + py.error;
+          } else {
+            torch_python_version = py.torch_version;
+          }
+        }
+        const double limit_seconds = summarize(variants.back().samples).median;
+        const double python_rate = py.loops.empty() ? 0.0 : py.loops.front().samples_per_second;
+        auto add_row = [&](const std::string& name, int64_t steps, const Stats& s, double rate) {
+          Cell vs_pytorch;
+          if (python_rate > 0) {
+            vs_pytorch = rate / python_rate;
+          }
+          table.add_row({device.str(), batch, optimizer.name, name, steps, s.count, s.median * 1e3, s.min * 1e3,
+                         s.max * 1e3, rate, s.median / limit_seconds, vs_pytorch});
+        };
+        for (const auto& variant : variants) {
+          const Stats s = summarize(variant.samples);
+          add_row(variant.name, variant.iterations, s, static_cast<double>(batch) / s.median);
+        }
+        for (const auto& loop : py.loops) {
+          add_row("pytorch/" + loop.loop, loop.steps, loop.per_step, loop.samples_per_second);
+        }
+        const std::string key = device.str() + ".b=" + std::to_string(batch) + "." + optimizer.name;
+        const double step_seconds = summarize(variants.front().samples).median;
+        result.summary.emplace_back("step_vs_limit." + key, step_seconds / limit_seconds);
+        std::string note = where + ": dkit's step " + format_fixed(step_seconds * 1e3, 3) + " ms, " +
+                           format_fixed(step_seconds / limit_seconds, 2) + "x its matrix products alone (" +
+                           format_fixed(limit_seconds * 1e3, 3) + " ms)";
+        if (python_rate > 0) {
+          const double vs = static_cast<double>(batch) / step_seconds / python_rate;
+          result.summary.emplace_back("vs_pytorch." + key, vs);
+          note += ", " + format_fixed(vs, 2) + "x PyTorch's samples/s";
+        }
+        result.notes.push_back(note);
+      }
+    }
+  }
+  result.summary.emplace_back("threads", static_cast<int64_t>(threads));
+  result.summary.emplace_back("fused_sgd_kernel", to_string(fused_sgd_kernel()));
+  result.summary.emplace_back("fused_adam_kernel", to_string(fused_adam_kernel()));
+  result.summary.emplace_back("python", python_skipped.empty() ? python + " " + script : Cell{});
+  if (!torch_python_version.empty()) {
+    result.summary.emplace_back("python_torch_version", torch_python_version);
+  }
+  std::string described;
+  for (const BenchOptimizer& optimizer : detail::bench_optimizers()) {
+    described += (described.empty() ? "" : ", ") + optimizer.name + " = " + optimizer.describe();
+  }
+  result.notes.push_back("optimizers: " + described);
+  if (python_skipped.empty()) {
+    result.notes.push_back("pytorch/slicing: the same MLP, optimizer and loss in PyTorch " + torch_python_version +
+                           " eager (" + python + " " + script + "), " + std::to_string(threads) +
+                           " thread(s): its faster loop (tensor slicing of device-resident data, loss.item() each "
+                           "step), after its own warm-up");
+  } else {
+    result.notes.push_back("PyTorch comparison " + python_skipped);
+  }
+  result.description =
+      "MLP [64, 256, 256, 10] training steps with each optimizer at batch sizes " +
+      [&] {
+        std::string text;
+        for (const int64_t size : sizes) {
+          text += (text.empty() ? "" : ", ") + std::to_string(size);
+        }
+        return text;
+      }() +
+      ", " + std::to_string(threads) + " CPU thread(s): dkit = dkit::TrainStep with dkit's fused optimizer "
+      "(FusedSGD, FusedAdam, FusedAdamW) on device-resident batches from dkit::Loader, metrics on the device "
+      "flushed every " + std::to_string(detail::kLogEvery) + " steps, as dkit train runs it; "
+      "dkit/libtorch-optimizer = the same with LibTorch's own optimizer; " + kLimit + " = the step's matrix "
+      "products alone at the same shapes and layouts (per layer the forward product, the weight gradient and, but "
+      "for the first layer, the input gradient), the limit a step cannot beat; samples of `steps` steps taken in "
+      "turns, " + std::to_string(repeat) + " times; vs_limit = median / the limit's median; vs_pytorch = "
+      "samples_per_s / PyTorch's";
+  result.table = std::move(table);
+  return result;
+}
+
+} // namespace dkit::bench

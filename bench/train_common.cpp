@@ -1,0 +1,358 @@
+#include <dkit/bench/train_common.h>
+
+#include <dkit/core/format.h>
+#include <dkit/train/optim.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+namespace dkit::bench::detail {
+namespace {
+
+// What a child process wrote to its stdout and stderr, and how it ended; `error` says why it did not start.
+struct ChildOutput {
+  std::string text;
+  int status = 0;
+  std::string error;
+};
+
+// Runs `args` (args[0] looked up in the PATH as by execvp) with its stdout and stderr into one pipe, and waits
+// for it to end.
+ChildOutput run_child(const std::vector<std::string>& args) {
+  ChildOutput out;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    out.error = std::strerror(errno);
+    return out;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  std::vector<char*> argv;
+  for (const auto& arg : args) {
+    argv.push_back(const_cast<char*>(arg.c_str()));
+  }
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (spawned != 0) {
+    close(fds[0]);
+    out.error = std::strerror(spawned);
+    return out;
+  }
+  char buffer[4096];
+  for (;;) {
+    const ssize_t count = read(fds[0], buffer, sizeof(buffer));
+    if (count > 0) {
+      out.text.append(buffer, static_cast<size_t>(count));
+    } else if (count == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(fds[0]);
+  while (waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
+  }
+  return out;
+}
+
+// One loop's result from a line that mlp_train.py prints ({"loop": ..., "steps": ..., "runs_seconds": [...], ...}),
+// or nothing when the line is not one.
+std::optional<PythonLoop> parse_loop(const std::string& line, std::string& torch_version) {
+  const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) {
+    return std::nullopt;
+  }
+  try {
+    PythonLoop loop;
+    loop.loop = json.value("loop", "");
+    loop.steps = json.value("steps", int64_t{0});
+    auto runs = json.value("runs_seconds", std::vector<double>{});
+    if (runs.empty() || loop.steps <= 0) {
+      return std::nullopt;
+    }
+    for (double& seconds : runs) {
+      seconds /= static_cast<double>(loop.steps);
+    }
+    loop.per_step = summarize(runs);
+    loop.samples_per_second = json.value("samples_per_second", 0.0);
+    torch_version = json.value("torch", "");
+    return loop;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+} // namespace
+
+const std::vector<int64_t>& hidden_sizes() {
+  static const std::vector<int64_t> sizes = {256, 256};
+  return sizes;
+}
+
+int64_t weight_products() {
+  int64_t total = 0;
+  int64_t in = kFeatures;
+  for (const int64_t out : hidden_sizes()) {
+    total += in * out;
+    in = out;
+  }
+  return total + in * kClasses;
+}
+
+int64_t parameter_count() {
+  int64_t biases = kClasses;
+  for (const int64_t h : hidden_sizes()) {
+    biases += h;
+  }
+  return weight_products() + biases;
+}
+
+double matmul_flops(int64_t batch) {
+  return 2.0 * static_cast<double>(batch) *
+         static_cast<double>(3 * weight_products() - kFeatures * hidden_sizes().front());
+}
+
+std::unique_ptr<torch::optim::Optimizer> BenchOptimizer::make(const std::vector<at::Tensor>& params,
+                                                              bool fused) const {
+  switch (kind) {
+    case OptimizerKind::kSgd: {
+      const auto options = torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).weight_decay(weight_decay);
+      if (fused) {
+        return std::make_unique<FusedSGD>(params, options);
+      }
+      return std::make_unique<torch::optim::SGD>(params, options);
+    }
+    case OptimizerKind::kAdam: {
+      const auto options = torch::optim::AdamOptions(lr).weight_decay(weight_decay);
+      if (fused) {
+        return std::make_unique<FusedAdam>(params, options);
+      }
+      return std::make_unique<torch::optim::Adam>(params, options);
+    }
+    case OptimizerKind::kAdamW: {
+      const auto options = torch::optim::AdamWOptions(lr).weight_decay(weight_decay);
+      if (fused) {
+        return std::make_unique<FusedAdamW>(params, options);
+      }
+      return std::make_unique<torch::optim::AdamW>(params, options);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(kind));
+}
+
+std::vector<std::string> BenchOptimizer::python_arguments() const {
+  std::vector<std::string> args = {"--optimizer", to_string(kind), "--lr", format_number(lr), "--weight-decay",
+                                   format_number(weight_decay)};
+  if (kind == OptimizerKind::kSgd) {
+    args.insert(args.end(), {"--momentum", format_number(momentum)});
+    if (nesterov) {
+      args.emplace_back("--nesterov");
+    }
+  }
+  return args;
+}
+
+std::string BenchOptimizer::describe() const {
+  std::string text = std::string(name_of(kOptimizerClassNames, kind)) + "(lr=" + format_number(lr);
+  if (kind == OptimizerKind::kSgd && momentum != 0) {
+    text += ", momentum=" + format_number(momentum);
+  }
+  if (nesterov) {
+    text += ", nesterov=True";
+  }
+  if (weight_decay != 0) {
+    text += ", weight_decay=" + format_number(weight_decay);
+  }
+  return text + ")";
+}
+
+const std::vector<BenchOptimizer>& bench_optimizers() {
+  static const std::vector<BenchOptimizer> optimizers = {
+      {"sgd", OptimizerKind::kSgd, 0.05, 0.0, false, 0.0},
+      {"sgd-momentum", OptimizerKind::kSgd, 0.05, 0.9, false, 0.0},
+      {"sgd-nesterov-wd", OptimizerKind::kSgd, 0.05, 0.9, true, 5e-4},
+      {"adam", OptimizerKind::kAdam, 1e-3, 0.0, false, 0.0},
+      {"adamw", OptimizerKind::kAdamW, 1e-3, 0.0, false, 0.01},
+  };
+  return optimizers;
+}
+
+TrainRunner::TrainRunner(const Dataset& data, const Device& device, int64_t batch, Placement placement,
+                         const BenchOptimizer& optimizer, bool fused, bool graph)
+    : loader_(data, device, LoaderOptions(batch).placement(placement).drop_last(true).seed(1)),
+      model_(MlpOptions(kFeatures, hidden_sizes(), kClasses)),
+      metrics_({"loss_sum", "correct"}, device, kLogEvery) {
+  place_module(model_, device);
+  optimizer_ = optimizer.make(model_->parameters(), fused);
+#if DKIT_WITH_CUDA
+  if (graph) {
+    auto* adam = dynamic_cast<torch::optim::Adam*>(optimizer_.get());
+    TORCH_INTERNAL_ASSERT(adam != nullptr, "the CUDA graph step takes Adam");
+    graph_ = std::make_unique<CudaGraphStep>(model_, *adam, batch, kFeatures);
+  }
+#else
+  TORCH_INTERNAL_ASSERT(!graph, "a CUDA graph step needs a CUDA build");
+#endif
+  step_.emplace(model_, *optimizer_);
+  loader_.start_epoch(epoch_);
+}
+
+bool TrainRunner::pinned() const {
+  return loader_.pinned();
+}
+
+void TrainRunner::step() {
+  std::optional<Batch> batch = loader_.next();
+  if (!batch) {
+    loader_.start_epoch(++epoch_);
+    batch = loader_.next();
+  }
+  StepOutput out;
+#if DKIT_WITH_CUDA
+  if (graph_) {
+    out = graph_->run(batch->features, batch->labels);
+  }
+#endif
+  if (!out.loss_sum.defined()) {
+    out = step_->run(batch->features, batch->labels, batch->global_samples);
+  }
+  metrics_.add({out.loss_sum, out.correct});
+  if (metrics_.full()) {
+    metrics_.flush();
+  }
+}
+
+MatmulLimit::MatmulLimit(const Device& device, int64_t batch) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+  std::vector<int64_t> widths = {kFeatures};
+  widths.insert(widths.end(), hidden_sizes().begin(), hidden_sizes().end());
+  widths.push_back(kClasses);
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    weights_.push_back(at::randn({widths[i + 1], widths[i]}, options));
+    inputs_.push_back(at::randn({batch, widths[i]}, options));
+    outputs_.push_back(at::empty({batch, widths[i + 1]}, options));
+    output_grads_.push_back(at::randn({batch, widths[i + 1]}, options));
+    weight_grads_.push_back(at::empty({widths[i + 1], widths[i]}, options));
+    input_grads_.push_back(at::empty({batch, widths[i]}, options));
+  }
+}
+
+void MatmulLimit::step() {
+  const at::NoGradGuard no_grad;
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    at::mm_out(outputs_[i], inputs_[i], weights_[i].t());
+  }
+  for (size_t i = weights_.size(); i-- > 0;) {
+    at::mm_out(weight_grads_[i], output_grads_[i].t(), inputs_[i]);
+    if (i > 0) {
+      at::mm_out(input_grads_[i], output_grads_[i], weights_[i]);
+    }
+  }
+}
+
+void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, int64_t steps, int64_t repeat,
+                   double min_sample_seconds) {
+  DeviceTimer timer(device);
+  for (auto& variant : variants) {
+    for (int64_t i = 0; i < 10; ++i) {
+      variant.step();
+    }
+    variant.iterations = steps > 0 ? steps : 1;
+    while (steps == 0) {
+      timer.start();
+      for (int64_t i = 0; i < variant.iterations; ++i) {
+        variant.step();
+      }
+      const double seconds = timer.stop();
+      if (seconds >= min_sample_seconds || variant.iterations >= 100000) {
+        break;
+      }
+      const double wanted = 1.2 * min_sample_seconds / std::max(seconds, 1e-9);
+      variant.iterations *= std::clamp<int64_t>(static_cast<int64_t>(std::ceil(wanted)), 2, 10);
+    }
+  }
+  for (int64_t r = 0; r < repeat; ++r) {
+    for (auto& variant : variants) {
+      timer.start();
+      for (int64_t i = 0; i < variant.iterations; ++i) {
+        variant.step();
+      }
+      variant.samples.push_back(timer.stop() / static_cast<double>(variant.iterations));
+    }
+  }
+}
+
+
+std::string default_python() {
+  return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+}
+
+std::string default_python_script() {
+  const std::filesystem::path installed = std::filesystem::path(DKIT_BENCH_SCRIPT_DIR_FROM_BIN) / "mlp_train.py";
+  std::error_code error;
+  const std::filesystem::path program = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) {
+    return installed.string();
+  }
+  const std::filesystem::path beside = program.parent_path() / "mlp_train.py";
+  if (std::filesystem::exists(beside, error)) {
+    return beside.string();
+  }
+  return (program.parent_path() / installed).lexically_normal().string();
+}
+
+PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
+                     int64_t samples, int64_t steps, int64_t warmup, int64_t repeat, const std::string& loops,
+                     const std::vector<std::string>& extra) {
+  PythonRun run;
+  std::vector<std::string> args = {
+      python, script, "--data",
+      "random:" + std::to_string(samples) + ":" + std::to_string(kFeatures) + ":" + std::to_string(kClasses),
+      "--hidden", "256,256", "--batch", std::to_string(batch), "--steps", std::to_string(steps), "--warmup",
+      std::to_string(warmup), "--repeat", std::to_string(repeat), "--threads", std::to_string(at::get_num_threads()),
+      "--device", device.str(), "--loops", loops};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const ChildOutput child = run_child(args);
+  if (!child.error.empty()) {
+    run.error = "cannot run " + python + ": " + child.error;
+    return run;
+  }
+  std::istringstream lines(child.text);
+  std::string last_other;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("{", 0) != 0) {
+      if (!line.empty()) {
+        last_other = line;
+      }
+      continue;
+    }
+    if (auto loop = parse_loop(line, run.torch_version)) {
+      run.loops.push_back(std::move(*loop));
+    }
+  }
+  const int status = child.status;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || run.loops.empty()) {
+    run.error = python + " " + script + " failed" +
+                (WIFEXITED(status) ? " (exit status " + std::to_string(WEXITSTATUS(status)) + ")" : "") +
+                (last_other.empty() ? "" : ": " + last_other);
+    run.loops.clear();
+  }
+  return run;
+}
+
+} // namespace dkit::bench::detail

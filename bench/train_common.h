@@ -1,0 +1,178 @@
+#pragma once
+
+// Internal to the `train` and `optimizers` suites: the MLP they train, the optimizers they compare, a runner of
+// dkit's training step, the matrix products alone, and the PyTorch side (bench/python/mlp_train.py).
+
+#include <dkit/bench/timing.h>
+#include <dkit/checkpoint/optimizer_kind.h>
+#include <dkit/data/dataset.h>
+#include <dkit/data/loader.h>
+#include <dkit/device/device.h>
+#include <dkit/metrics/metrics.h>
+#include <dkit/model/mlp.h>
+#include <dkit/train/step.h>
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dkit::bench::detail {
+
+/// The benchmark MLP: [kFeatures, 256, 256, kClasses], ReLU, no dropout.
+inline constexpr int64_t kFeatures = 64;
+/// Classes of the benchmark data.
+inline constexpr int64_t kClasses = 10;
+/// Steps between the runner's metric flushes.
+inline constexpr int64_t kLogEvery = 20;
+
+/// The hidden widths of the benchmark MLP.
+const std::vector<int64_t>& hidden_sizes();
+
+/// Sum over the layers of in * out: the multiply-adds of one sample's forward pass.
+int64_t weight_products();
+
+/// Weights and biases of the benchmark MLP.
+int64_t parameter_count();
+
+/// The floating-point operations of one step's matrix products at `batch` rows: 2 * batch * in * out for the
+/// forward product of each layer and for its weight gradient, and for its input gradient except the first layer's.
+double matmul_flops(int64_t batch);
+
+/// An optimizer as the benchmarks set it up, on both sides.
+struct BenchOptimizer {
+  /// Its name in tables, e.g. `sgd-nesterov`.
+  std::string name;
+  /// Which optimizer.
+  OptimizerKind kind = OptimizerKind::kSgd;
+  /// Learning rate.
+  double lr = 0.0;
+  /// SGD's momentum.
+  double momentum = 0.0;
+  /// SGD's Nesterov momentum.
+  bool nesterov = false;
+  /// SGD's and Adam's L2 penalty, AdamW's decoupled decay.
+  double weight_decay = 0.0;
+
+  /// The optimizer over `params`: dkit's fused one (FusedSGD, FusedAdam, FusedAdamW) or LibTorch's own.
+  std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& params, bool fused) const;
+  /// The arguments that give mlp_train.py the same optimizer.
+  std::vector<std::string> python_arguments() const;
+  /// `SGD(lr=0.05, momentum=0.9, nesterov=True)` and the like.
+  std::string describe() const;
+};
+
+/// The optimizers of the `optimizers` suite: SGD plain (lr 0.05), with momentum 0.9, with Nesterov momentum and
+/// weight decay 5e-4; Adam (lr 1e-3); AdamW (lr 1e-3, weight decay 0.01).
+const std::vector<BenchOptimizer>& bench_optimizers();
+
+/// dkit's training step as dkit::Trainer runs it: its Loader, an Mlp, an optimizer, TrainStep (or a CUDA graph
+/// step) and a MetricBuffer flushed every kLogEvery steps, stepping through the data epoch after epoch.
+class TrainRunner {
+ public:
+  /// A runner over `data` on `device` at `batch` rows per step, with `optimizer` (dkit's fused one when `fused`);
+  /// `graph` takes the CUDA graph step (CUDA builds, Adam only).
+  TrainRunner(const Dataset& data, const Device& device, int64_t batch, Placement placement,
+              const BenchOptimizer& optimizer, bool fused, bool graph);
+
+  /// Whether the loader pins its buffers.
+  bool pinned() const;
+
+  /// One training step.
+  void step();
+
+ private:
+  Loader loader_;
+  int64_t epoch_ = 0;
+  Mlp model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<TrainStep> step_;
+#if DKIT_WITH_CUDA
+  std::unique_ptr<CudaGraphStep> graph_;
+#endif
+  MetricBuffer metrics_;
+};
+
+/// The matrix products of one training step of the benchmark MLP alone, at the same shapes and with the same
+/// operand layouts as TrainStep's written-out step: per layer the forward product, the weight gradient and (but
+/// for the first layer) the input gradient, into buffers kept from call to call.
+class MatmulLimit {
+ public:
+  /// The products of a step of `batch` rows on `device`.
+  MatmulLimit(const Device& device, int64_t batch);
+
+  /// One step's products.
+  void step();
+
+ private:
+  std::vector<at::Tensor> weights_;
+  std::vector<at::Tensor> inputs_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> output_grads_;
+  std::vector<at::Tensor> weight_grads_;
+  std::vector<at::Tensor> input_grads_;
+};
+
+/// Something timed in turns with others: one call of `step` is one training step.
+struct TimedVariant {
+  /// A variant called `variant_name`, reading its data from `variant_data`, whose `one_step` is one step.
+  TimedVariant(std::string variant_name, std::string variant_data, std::function<void()> one_step)
+      : name(std::move(variant_name)), data(std::move(variant_data)), step(std::move(one_step)) {}
+
+  /// The row's name.
+  std::string name;
+  /// What it reads its data from, for the table.
+  std::string data;
+  /// One step.
+  std::function<void()> step;
+  /// Steps per timed sample, found by time_in_turns().
+  int64_t iterations = 1;
+  /// Seconds per step of each sample.
+  std::vector<double> samples;
+};
+
+/// Times the variants in turns, sample by sample, so that a change in the machine's load hits them alike: 10
+/// warm-up steps each, then `steps` steps per sample (0: enough for `min_sample_seconds`), `repeat` samples.
+void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, int64_t steps, int64_t repeat,
+                   double min_sample_seconds);
+
+/// One loop's result from mlp_train.py.
+struct PythonLoop {
+  /// `slicing` or `dataloader`.
+  std::string loop;
+  /// Steps per timed run.
+  int64_t steps = 0;
+  /// Seconds per step over the runs.
+  Stats per_step;
+  /// Samples per second of the median run.
+  double samples_per_second = 0;
+};
+
+/// What one run of mlp_train.py gave.
+struct PythonRun {
+  /// Each loop's result; empty when the run failed.
+  std::vector<PythonLoop> loops;
+  /// PyTorch's version as the script printed it.
+  std::string torch_version;
+  /// Why the run failed; empty when it did not.
+  std::string error;
+};
+
+/// `/usr/bin/python3` when it exists, else `python3`.
+std::string default_python();
+
+/// mlp_train.py beside the running program, else where `cmake --install` puts it relative to the program.
+std::string default_python_script();
+
+/// Runs `script` with `python` on random data of `samples` rows at `batch`, `steps` steps per timed run after
+/// `warmup`, `repeat` runs, for `loops` (`slicing,dataloader`), with `extra` arguments (an optimizer's).
+PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
+                     int64_t samples, int64_t steps, int64_t warmup, int64_t repeat, const std::string& loops,
+                     const std::vector<std::string>& extra = {});
+
+} // namespace dkit::bench::detail
