@@ -20,11 +20,13 @@ using detail::BenchOptimizer;
 using detail::kClasses;
 using detail::kFeatures;
 using detail::MatmulLimit;
-using detail::PythonRun;
+using detail::PythonServer;
 using detail::TimedVariant;
 using detail::TrainRunner;
 
 constexpr const char* kLimit = "matmul-limit";
+// PyTorch's untimed steps before its first sample, as dkit's variants take 10 and then calibrate.
+constexpr int64_t kPythonWarmup = 100;
 
 } // namespace
 
@@ -75,37 +77,39 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
         }
         auto limit = std::make_shared<MatmulLimit>(device, batch);
         variants.emplace_back(kLimit, "", [limit] { limit->step(); });
-        detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
-
-        PythonRun py;
+        std::shared_ptr<PythonServer> server;
         if (python_skipped.empty()) {
           report_progress(options, "optimizers: " + where + " PyTorch (" + python + ")");
-          const int64_t steps = std::max<int64_t>(variants.front().iterations, 3);
-          py = detail::run_python(python, script, device, batch, samples, steps,
-                                  /*warmup=*/std::max<int64_t>(steps, 10), repeat, "slicing",
-                                  optimizer.python_arguments());
-          if (!py.error.empty()) {
-            python_skipped = "left out: " + py.error;
-          } else {
-            torch_python_version = py.torch_version;
+          std::vector<std::string> arguments =
+              detail::python_arguments(device, batch, samples, /*warmup=*/kPythonWarmup, "slicing");
+          const std::vector<std::string> optimizer_arguments = optimizer.python_arguments();
+          arguments.insert(arguments.end(), optimizer_arguments.begin(), optimizer_arguments.end());
+          server = std::make_shared<PythonServer>(python, script, arguments);
+          if (server->error().empty()) {
+            torch_python_version = server->torch_version();
+            variants.emplace_back("pytorch/slicing", [server](int64_t steps) { return server->time_steps(steps); });
           }
         }
-        const double limit_seconds = summarize(variants.back().samples).median;
-        const double python_rate = py.loops.empty() ? 0.0 : py.loops.front().samples_per_second;
-        auto add_row = [&](const std::string& name, int64_t steps, const Stats& s, double rate) {
+        detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
+        if (server && !server->error().empty()) {
+          python_skipped = "left out: " + server->error();
+          if (variants.size() > 3) {
+            variants.pop_back();
+          }
+        }
+
+        const double limit_seconds = summarize(variants[2].samples).median;
+        const double python_rate =
+            variants.size() > 3 ? static_cast<double>(batch) / summarize(variants[3].samples).median : 0.0;
+        for (const auto& variant : variants) {
+          const Stats s = summarize(variant.samples);
+          const double rate = static_cast<double>(batch) / s.median;
           Cell vs_pytorch;
           if (python_rate > 0) {
             vs_pytorch = rate / python_rate;
           }
-          table.add_row({device.str(), batch, optimizer.name, name, steps, s.count, s.median * 1e3, s.min * 1e3,
-                         s.max * 1e3, rate, s.median / limit_seconds, vs_pytorch});
-        };
-        for (const auto& variant : variants) {
-          const Stats s = summarize(variant.samples);
-          add_row(variant.name, variant.iterations, s, static_cast<double>(batch) / s.median);
-        }
-        for (const auto& loop : py.loops) {
-          add_row("pytorch/" + loop.loop, loop.steps, loop.per_step, loop.samples_per_second);
+          table.add_row({device.str(), batch, optimizer.name, variant.name, variant.iterations, s.count,
+                         s.median * 1e3, s.min * 1e3, s.max * 1e3, rate, s.median / limit_seconds, vs_pytorch});
         }
         const std::string key = device.str() + ".b=" + std::to_string(batch) + "." + optimizer.name;
         const double step_seconds = summarize(variants.front().samples).median;
@@ -136,9 +140,10 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
   result.notes.push_back("optimizers: " + described);
   if (python_skipped.empty()) {
     result.notes.push_back("pytorch/slicing: the same MLP, optimizer and loss in PyTorch " + torch_python_version +
-                           " eager (" + python + " " + script + "), " + std::to_string(threads) +
+                           " eager (" + python + " " + script + " --serve), " + std::to_string(threads) +
                            " thread(s): its faster loop (tensor slicing of device-resident data, loss.item() each "
-                           "step), after its own warm-up");
+                           "step), after " + std::to_string(kPythonWarmup) + " warm-up steps, its samples taken in "
+                           "turns with dkit's");
   } else {
     result.notes.push_back("PyTorch comparison " + python_skipped);
   }

@@ -269,6 +269,9 @@ void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, in
                    double min_sample_seconds) {
   DeviceTimer timer(device);
   for (auto& variant : variants) {
+    if (variant.timed) {
+      continue;
+    }
     for (int64_t i = 0; i < 10; ++i) {
       variant.step();
     }
@@ -286,17 +289,27 @@ void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, in
       variant.iterations *= std::clamp<int64_t>(static_cast<int64_t>(std::ceil(wanted)), 2, 10);
     }
   }
+  for (auto& variant : variants) {
+    if (variant.timed) {
+      variant.iterations = std::max<int64_t>(variants.front().iterations, 3);
+    }
+  }
   for (int64_t r = 0; r < repeat; ++r) {
     for (auto& variant : variants) {
-      timer.start();
-      for (int64_t i = 0; i < variant.iterations; ++i) {
-        variant.step();
+      double seconds = 0;
+      if (variant.timed) {
+        seconds = variant.timed(variant.iterations);
+      } else {
+        timer.start();
+        for (int64_t i = 0; i < variant.iterations; ++i) {
+          variant.step();
+        }
+        seconds = timer.stop();
       }
-      variant.samples.push_back(timer.stop() / static_cast<double>(variant.iterations));
+      variant.samples.push_back(seconds / static_cast<double>(variant.iterations));
     }
   }
 }
-
 
 std::string default_python() {
   return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
@@ -316,16 +329,23 @@ std::string default_python_script() {
   return (program.parent_path() / installed).lexically_normal().string();
 }
 
+std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,
+                                          const std::string& loops) {
+  return {"--data",
+          "random:" + std::to_string(samples) + ":" + std::to_string(kFeatures) + ":" + std::to_string(kClasses),
+          "--hidden", "256,256", "--batch", std::to_string(batch), "--warmup", std::to_string(warmup),
+          "--threads", std::to_string(at::get_num_threads()), "--device", device.str(), "--loops", loops};
+}
+
 PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
                      int64_t samples, int64_t steps, int64_t warmup, int64_t repeat, const std::string& loops,
                      const std::vector<std::string>& extra) {
   PythonRun run;
-  std::vector<std::string> args = {
-      python, script, "--data",
-      "random:" + std::to_string(samples) + ":" + std::to_string(kFeatures) + ":" + std::to_string(kClasses),
-      "--hidden", "256,256", "--batch", std::to_string(batch), "--steps", std::to_string(steps), "--warmup",
-      std::to_string(warmup), "--repeat", std::to_string(repeat), "--threads", std::to_string(at::get_num_threads()),
-      "--device", device.str(), "--loops", loops};
+  std::vector<std::string> args = {python, script};
+  for (auto& arg : python_arguments(device, batch, samples, warmup, loops)) {
+    args.push_back(std::move(arg));
+  }
+  args.insert(args.end(), {"--steps", std::to_string(steps), "--repeat", std::to_string(repeat)});
   args.insert(args.end(), extra.begin(), extra.end());
   const ChildOutput child = run_child(args);
   if (!child.error.empty()) {
@@ -353,6 +373,123 @@ PythonRun run_python(const std::string& python, const std::string& script, const
     run.loops.clear();
   }
   return run;
+}
+
+PythonServer::PythonServer(const std::string& python, const std::string& script,
+                           const std::vector<std::string>& arguments)
+    : python_(python), script_(script) {
+  int input[2];
+  int output[2];
+  if (pipe2(input, O_CLOEXEC) != 0) {
+    fail(std::strerror(errno));
+    return;
+  }
+  if (pipe2(output, O_CLOEXEC) != 0) {
+    close(input[0]);
+    close(input[1]);
+    fail(std::strerror(errno));
+    return;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, input[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, output[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, output[1], STDERR_FILENO);
+  std::vector<std::string> args = {python, script};
+  args.insert(args.end(), arguments.begin(), arguments.end());
+  args.emplace_back("--serve");
+  std::vector<char*> argv;
+  for (auto& arg : args) {
+    argv.push_back(arg.data());
+  }
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(input[0]);
+  close(output[1]);
+  to_child_ = input[1];
+  from_child_ = output[0];
+  if (spawned != 0) {
+    fail("cannot run " + python + ": " + std::strerror(spawned));
+    return;
+  }
+  pid_ = pid;
+  const auto json = nlohmann::json::parse(read_json_line(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.value("ready", false)) {
+    fail(python + " " + script + " --serve did not start" + (last_other_.empty() ? "" : ": " + last_other_));
+    return;
+  }
+  torch_version_ = json.value("torch", "");
+}
+
+PythonServer::~PythonServer() {
+  if (to_child_ >= 0) {
+    close(to_child_);
+  }
+  if (from_child_ >= 0) {
+    close(from_child_);
+  }
+  if (pid_ > 0) {
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+const std::string& PythonServer::error() const {
+  return error_;
+}
+
+const std::string& PythonServer::torch_version() const {
+  return torch_version_;
+}
+
+double PythonServer::time_steps(int64_t steps) {
+  if (!error_.empty()) {
+    return std::nan("");
+  }
+  const std::string request = std::to_string(steps) + "\n";
+  if (write(to_child_, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    fail(python_ + " " + script_ + " --serve stopped reading: " + std::strerror(errno));
+    return std::nan("");
+  }
+  const auto json = nlohmann::json::parse(read_json_line(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("seconds") || !json["seconds"].is_number()) {
+    fail(python_ + " " + script_ + " --serve failed" + (last_other_.empty() ? "" : ": " + last_other_));
+    return std::nan("");
+  }
+  return json["seconds"].get<double>();
+}
+
+std::string PythonServer::read_json_line() {
+  for (;;) {
+    const size_t end = buffer_.find('\n');
+    if (end != std::string::npos) {
+      std::string line = buffer_.substr(0, end);
+      buffer_.erase(0, end + 1);
+      if (line.rfind('{', 0) == 0) {
+        return line;
+      }
+      if (!line.empty()) {
+        last_other_ = line;
+      }
+      continue;
+    }
+    char chunk[4096];
+    const ssize_t count = read(from_child_, chunk, sizeof(chunk));
+    if (count > 0) {
+      buffer_.append(chunk, static_cast<size_t>(count));
+    } else if (count == 0 || errno != EINTR) {
+      return "";
+    }
+  }
+}
+
+void PythonServer::fail(const std::string& why) {
+  if (error_.empty()) {
+    error_ = why;
+  }
 }
 
 } // namespace dkit::bench::detail

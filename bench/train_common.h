@@ -118,11 +118,16 @@ class MatmulLimit {
   std::vector<at::Tensor> input_grads_;
 };
 
-/// Something timed in turns with others: one call of `step` is one training step.
+/// Something timed in turns with others: one call of `step` is one training step, or one call of `timed` times
+/// a number of steps by itself (another process that has warmed up by itself).
 struct TimedVariant {
   /// A variant called `variant_name`, reading its data from `variant_data`, whose `one_step` is one step.
   TimedVariant(std::string variant_name, std::string variant_data, std::function<void()> one_step)
       : name(std::move(variant_name)), data(std::move(variant_data)), step(std::move(one_step)) {}
+
+  /// A variant called `variant_name` whose `time_steps(n)` runs n steps and returns the seconds they took.
+  TimedVariant(std::string variant_name, std::function<double(int64_t)> time_steps)
+      : name(std::move(variant_name)), timed(std::move(time_steps)) {}
 
   /// The row's name.
   std::string name;
@@ -130,6 +135,8 @@ struct TimedVariant {
   std::string data;
   /// One step.
   std::function<void()> step;
+  /// Runs and times that many steps (instead of `step`).
+  std::function<double(int64_t)> timed;
   /// Steps per timed sample, found by time_in_turns().
   int64_t iterations = 1;
   /// Seconds per step of each sample.
@@ -137,7 +144,8 @@ struct TimedVariant {
 };
 
 /// Times the variants in turns, sample by sample, so that a change in the machine's load hits them alike: 10
-/// warm-up steps each, then `steps` steps per sample (0: enough for `min_sample_seconds`), `repeat` samples.
+/// warm-up steps each, then `steps` steps per sample (0: enough for `min_sample_seconds`), `repeat` samples. A
+/// variant with `timed` warms up by itself and runs as many steps per sample as the first variant (at least 3).
 void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, int64_t steps, int64_t repeat,
                    double min_sample_seconds);
 
@@ -162,6 +170,46 @@ struct PythonRun {
   /// Why the run failed; empty when it did not.
   std::string error;
 };
+
+/// mlp_train.py in `--serve` mode: a PyTorch process, warmed up, that times runs of the steps it is asked for, so
+/// that its samples can be taken in turns with dkit's (TimedVariant::timed).
+class PythonServer {
+ public:
+  /// Starts `script` with `python` and `arguments` (`--serve` added) and waits for it to report ready; on failure
+  /// error() says why.
+  PythonServer(const std::string& python, const std::string& script, const std::vector<std::string>& arguments);
+  /// Closes its input, so that it ends, and waits for it.
+  ~PythonServer();
+  PythonServer(const PythonServer&) = delete;
+  PythonServer& operator=(const PythonServer&) = delete;
+
+  /// Why it failed (to start, or later); empty while it works.
+  const std::string& error() const;
+  /// PyTorch's version, as the script reported it.
+  const std::string& torch_version() const;
+  /// Runs `steps` steps and returns their seconds as the process measured them; NaN, with error() set, when it
+  /// failed.
+  double time_steps(int64_t steps);
+
+ private:
+  std::string read_json_line();
+  void fail(const std::string& why);
+
+  std::string python_;
+  std::string script_;
+  int pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+  std::string buffer_;
+  std::string last_other_;
+  std::string error_;
+  std::string torch_version_;
+};
+
+/// The arguments of mlp_train.py for random data of `samples` rows at `batch` on `device`, `warmup` steps first,
+/// the loops `loops`, the threads LibTorch uses here.
+std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,
+                                          const std::string& loops);
 
 /// `/usr/bin/python3` when it exists, else `python3`.
 std::string default_python();

@@ -22,6 +22,7 @@ the median run, and every run's seconds.
 import argparse
 import json
 import math
+import sys
 import time
 
 import torch
@@ -104,6 +105,26 @@ def make_optimizer(args, params):
     return torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
 
 
+def serve(args, X, y, hidden, classes, device):
+    """--serve: prints {"ready": ...} after the warm-up, then {"seconds": ..., "samples": ..., "steps": N} per line N."""
+    name = args.loops.split(",")[0]
+    loop = LOOPS[name]
+    torch.manual_seed(args.seed)
+    model = build_model(X.shape[1], hidden, classes).to(device)
+    opt = make_optimizer(args, model.parameters())
+    if args.warmup > 0:
+        loop(model, opt, X, y, args.batch, args.warmup, device)
+    print(json.dumps({"ready": True, "loop": name, "torch": torch.__version__,
+                      "threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        steps = int(line)
+        sync(device)
+        start = time.perf_counter()
+        _, samples = loop(model, opt, X, y, args.batch, steps, device)
+        sync(device)
+        print(json.dumps({"seconds": time.perf_counter() - start, "samples": samples, "steps": steps}), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/digits.csv", help="CSV, label last; 'random:N:F:C' for random data")
@@ -121,6 +142,9 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--loops", default="dataloader,slicing")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--serve", action="store_true",
+                        help="after the warm-up of the first of --loops, time one run of N steps for each line N read "
+                             "from stdin and answer each with a JSON line (for a caller that takes turns with it)")
     args = parser.parse_args()
 
     if args.threads > 0:
@@ -135,6 +159,9 @@ def main():
     hidden = [int(h) for h in args.hidden.split(",") if h]
     classes = int(y.max()) + 1
 
+    if args.serve:
+        serve(args, X, y, hidden, classes, device)
+        return
     for name in args.loops.split(","):
         loop = LOOPS[name]
         torch.manual_seed(args.seed)

@@ -136,7 +136,7 @@ TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
   const SuiteResult echoed = bench_train(
       SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/echo").python_script(script));
   const std::string prefix = "PyTorch comparison left out: /bin/echo " + script + " failed (exit status 0): " + script +
-                             " --data random:4096:64:10 --hidden 256,256 --batch 4 --steps ";
+                              " --data random:4096:64:10 --hidden 256,256 --batch 4 --warmup ";
   EXPECT_EQ(echoed.notes.back().rfind(prefix, 0), 0u) << echoed.notes.back();
   const SuiteResult missing =
       bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/nonexistent/python3"));
@@ -196,6 +196,14 @@ TEST_F(SuitesTest, OptimizersTimesEachFusedOptimizerAgainstLibTorchsAndTheMatmul
                       "SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-04), adam = Adam(lr=0.001), "
                       "adamw = AdamW(lr=0.001, weight_decay=0.01)"),
             result.notes.end());
+}
+
+TEST_F(SuitesTest, OptimizersSaysWhyThePyTorchSideIsMissing) {
+  const SuiteResult result =
+      bench_optimizers(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/false"));
+  EXPECT_EQ(result.table.rows().size(), 5u * 3u);
+  EXPECT_EQ(result.notes.back().rfind("PyTorch comparison left out: /bin/false ", 0), 0u) << result.notes.back();
+  EXPECT_NE(result.notes.back().find(" --serve did not start"), std::string::npos) << result.notes.back();
 }
 
 TEST_F(SuitesTest, OptimizersRunsPyTorchWithTheSameOptimizerWhenThereIsAPythonWithTorch) {
