@@ -97,6 +97,24 @@ std::optional<PythonLoop> parse_loop(const std::string& line, std::string& torch
   }
 }
 
+std::string default_python() {
+  return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+}
+
+std::string default_python_script() {
+  const std::filesystem::path installed = std::filesystem::path(DKIT_BENCH_SCRIPT_DIR_FROM_BIN) / "mlp_train.py";
+  std::error_code error;
+  const std::filesystem::path program = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) {
+    return installed.string();
+  }
+  const std::filesystem::path beside = program.parent_path() / "mlp_train.py";
+  if (std::filesystem::exists(beside, error)) {
+    return beside.string();
+  }
+  return (program.parent_path() / installed).lexically_normal().string();
+}
+
 } // namespace
 
 const std::vector<int64_t>& hidden_sizes() {
@@ -311,22 +329,16 @@ void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, in
   }
 }
 
-std::string default_python() {
-  return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-}
-
-std::string default_python_script() {
-  const std::filesystem::path installed = std::filesystem::path(DKIT_BENCH_SCRIPT_DIR_FROM_BIN) / "mlp_train.py";
-  std::error_code error;
-  const std::filesystem::path program = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) {
-    return installed.string();
+PythonSide python_side(const SuiteOptions& options) {
+  PythonSide side;
+  side.python = options.python().empty() ? default_python() : options.python();
+  side.script = options.python_script().empty() ? default_python_script() : options.python_script();
+  if (side.python == "none") {
+    side.skipped = "left out (--python none)";
+  } else if (!std::filesystem::exists(side.script)) {
+    side.skipped = "left out: no script at '" + side.script + "' (give --python-script)";
   }
-  const std::filesystem::path beside = program.parent_path() / "mlp_train.py";
-  if (std::filesystem::exists(beside, error)) {
-    return beside.string();
-  }
-  return (program.parent_path() / installed).lexically_normal().string();
+  return side;
 }
 
 std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,

@@ -3,6 +3,7 @@
 // Internal to the `train` and `optimizers` suites: the MLP they train, the optimizers they compare, a runner of
 // dkit's training step, the matrix products alone, and the PyTorch side (bench/python/mlp_train.py).
 
+#include <dkit/bench/suites.h>
 #include <dkit/bench/timing.h>
 #include <dkit/checkpoint/optimizer_kind.h>
 #include <dkit/data/dataset.h>
@@ -211,11 +212,19 @@ class PythonServer {
 std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,
                                           const std::string& loops);
 
-/// `/usr/bin/python3` when it exists, else `python3`.
-std::string default_python();
+/// The PyTorch side a suite runs, from SuiteOptions::python() and python_script().
+struct PythonSide {
+  /// The interpreter: the one given, else `/usr/bin/python3` when it exists, else `python3`.
+  std::string python;
+  /// The script: the one given, else mlp_train.py beside the running program, else where `cmake --install` puts
+  /// it relative to the program.
+  std::string script;
+  /// Why PyTorch is left out (`left out (--python none)`, no script); empty when it runs.
+  std::string skipped;
+};
 
-/// mlp_train.py beside the running program, else where `cmake --install` puts it relative to the program.
-std::string default_python_script();
+/// The PyTorch side `options` ask for.
+PythonSide python_side(const SuiteOptions& options);
 
 /// Runs `script` with `python` on random data of `samples` rows at `batch`, `steps` steps per timed run after
 /// `warmup`, `repeat` runs, for `loops` (`slicing,dataloader`), with `extra` arguments (an optimizer's).

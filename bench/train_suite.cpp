@@ -61,14 +61,10 @@ SuiteResult bench_train(const SuiteOptions& options) {
   const Dataset data =
       make_synthetic(SyntheticOptions(samples, kFeatures, kClasses).seed(static_cast<uint64_t>(0)));
 
-  const std::string python = options.python().empty() ? detail::default_python() : options.python();
-  const std::string script = options.python_script().empty() ? detail::default_python_script() : options.python_script();
-  std::string python_skipped;
-  if (python == "none") {
-    python_skipped = "left out (--python none)";
-  } else if (!std::filesystem::exists(script)) {
-    python_skipped = "left out: no script at '" + script + "' (give --python-script)";
-  }
+  const detail::PythonSide side = detail::python_side(options);
+  const std::string& python = side.python;
+  const std::string& script = side.script;
+  std::string python_skipped = side.skipped;
   std::string torch_python_version;
 
   ResultTable table("train", {{"device"}, {"batch", ColumnKind::kInteger}, {"variant"}, {"data"},

@@ -105,15 +105,21 @@ def make_optimizer(args, params):
     return torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
 
 
-def serve(args, X, y, hidden, classes, device):
-    """--serve: prints {"ready": ...} after the warm-up, then {"seconds": ..., "samples": ..., "steps": N} per line N."""
-    name = args.loops.split(",")[0]
+def warmed_up(name, args, X, y, hidden, classes, device):
+    """The loop called `name`, a fresh model and optimizer, after --warmup untimed steps."""
     loop = LOOPS[name]
     torch.manual_seed(args.seed)
     model = build_model(X.shape[1], hidden, classes).to(device)
     opt = make_optimizer(args, model.parameters())
     if args.warmup > 0:
         loop(model, opt, X, y, args.batch, args.warmup, device)
+    return loop, model, opt
+
+
+def serve(args, X, y, hidden, classes, device):
+    """--serve: prints {"ready": ...} after the warm-up, then {"seconds": ..., "samples": ..., "steps": N} per line N."""
+    name = args.loops.split(",")[0]
+    loop, model, opt = warmed_up(name, args, X, y, hidden, classes, device)
     print(json.dumps({"ready": True, "loop": name, "torch": torch.__version__,
                       "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
@@ -163,12 +169,7 @@ def main():
         serve(args, X, y, hidden, classes, device)
         return
     for name in args.loops.split(","):
-        loop = LOOPS[name]
-        torch.manual_seed(args.seed)
-        model = build_model(X.shape[1], hidden, classes).to(device)
-        opt = make_optimizer(args, model.parameters())
-        if args.warmup > 0:
-            loop(model, opt, X, y, args.batch, args.warmup, device)
+        loop, model, opt = warmed_up(name, args, X, y, hidden, classes, device)
         runs = []
         for _ in range(args.repeat):
             sync(device)

@@ -101,7 +101,7 @@ AdamConstants constants_for(const Options& options, int64_t step, bool decoupled
 // One step of every parameter with a gradient by `kernel`; false, with nothing changed, when a parameter, its
 // gradient or its state is one that the kernels do not handle.
 template <typename Options, typename State, typename StateMap>
-bool fused_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, bool decoupled,
+bool fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, bool decoupled,
                 FusedKernel kernel) {
   using Key = typename StateMap::key_type;
   if (kernel == FusedKernel::kNone) {
@@ -304,6 +304,20 @@ FusedKernel probe_adam_kernel() {
   return FusedKernel::kNone;
 }
 
+// Evaluates `closure` (with gradients) when there is one, then runs `update` without them; returns the closure's
+// loss, as LibTorch's optimizers' step(closure) do.
+template <typename Update>
+at::Tensor closure_then(const torch::optim::Optimizer::LossClosure& closure, Update update) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    const at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const at::NoGradGuard no_grad;
+  update();
+  return loss;
+}
+
 } // namespace
 
 namespace detail {
@@ -386,46 +400,31 @@ FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOpt
 }
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    const at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  const at::NoGradGuard no_grad;
-  if (!fused_sgd_step(param_groups_, state_, fused_sgd_kernel())) {
-    torch::optim::SGD::step();
-  }
-  return loss;
+  return closure_then(closure, [this] {
+    if (!fused_sgd_step(param_groups_, state_, fused_sgd_kernel())) {
+      torch::optim::SGD::step();
+    }
+  });
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    const at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  const at::NoGradGuard no_grad;
-  if (!fused_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(param_groups_, state_,
-                                                                            /*decoupled=*/false,
-                                                                            fused_adam_kernel())) {
-    torch::optim::Adam::step();
-  }
-  return loss;
+  return closure_then(closure, [this] {
+    using torch::optim::AdamOptions;
+    using torch::optim::AdamParamState;
+    if (!fused_adam_step<AdamOptions, AdamParamState>(param_groups_, state_, /*decoupled=*/false, fused_adam_kernel())) {
+      torch::optim::Adam::step();
+    }
+  });
 }
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    const at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  const at::NoGradGuard no_grad;
-  if (!fused_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(param_groups_, state_,
-                                                                              /*decoupled=*/true,
-                                                                              fused_adam_kernel())) {
-    torch::optim::AdamW::step();
-  }
-  return loss;
+  return closure_then(closure, [this] {
+    using torch::optim::AdamWOptions;
+    using torch::optim::AdamWParamState;
+    if (!fused_adam_step<AdamWOptions, AdamWParamState>(param_groups_, state_, /*decoupled=*/true, fused_adam_kernel())) {
+      torch::optim::AdamW::step();
+    }
+  });
 }
 
 } // namespace dkit
