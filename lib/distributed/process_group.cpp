@@ -227,8 +227,9 @@ struct ProcessGroupContext::Impl {
       std::unique_lock<std::mutex> lock(watch->mutex);
       watch->stopping = true;
       watch->wake.notify_all();
-      // A healthy heartbeat thread ends at once; one in a store call that a lost peer holds up is left behind.
-      const auto patience = failed ? heartbeat() : 2 * heartbeat();
+      // A healthy heartbeat thread ends at once; one in a store call that a lost peer holds up is left behind
+      // (after half of the period left for leaving: the other half is the process's exit).
+      const auto patience = failed ? heartbeat() / 2 : 2 * heartbeat();
       const bool ended = watch->wake.wait_for(lock, patience, [this] { return watch->ended; });
       lock.unlock();
       if (ended) {
@@ -657,8 +658,9 @@ std::string ProcessGroupContext::explain_failure(const std::string& what, const 
     return published() >= 0 || !watch.store_error.empty() || store_silent ||
            (watch.failures_read && !silent(now).empty());
   };
-  for (auto now = asked; !told(now) && now < asked + period + s.heartbeat(); now = Clock::now()) {
-    watch.wake.wait_for(lock, std::chrono::milliseconds(50));
+  const auto deadline = asked + period + s.heartbeat();
+  for (auto now = asked; !told(now) && now < deadline; now = Clock::now()) {
+    watch.wake.wait_for(lock, std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - now));
   }
   const auto now = Clock::now();
   const auto since = [&](Clock::time_point then) {
