@@ -3,7 +3,8 @@
 # testing dkit against another Debian's packages or timing the README's commands on a machine that has none of them.
 #
 #   scripts/debian_root.sh SUITE DIR [COMPONENTS]   # e.g. bookworm /tmp/fresh, trixie .cache/roots/trixie main,contrib
-#   scripts/debian_root.sh --run DIR COMMAND...     # runs COMMAND as root inside DIR (proc, sys, dev mounted for it)
+#   scripts/debian_root.sh --run DIR COMMAND...     # runs COMMAND as root inside DIR (proc, sys, dev mounted for it,
+#                                                   # in a mount namespace of its own)
 #
 # A DIR that already holds a finished root is reused as it is (its marker file .dkit-root names the suite). Needs
 # root and debootstrap (apt-get install debootstrap).
@@ -26,32 +27,31 @@ mirror() {
   echo "${found%/}"
 }
 
-# Runs a command in the root with /proc, /sys and /dev mounted, and unmounts them however it ends.
+# Runs a command in the root, in a mount namespace of its own (unshare --mount): the root is bind-mounted on itself
+# there, so that its / is a mount point (`ip netns exec`, which the multi-host tests use, remounts / and cannot in a
+# chroot whose / is a plain folder), with /proc, /sys and /dev mounted for it. Every mount is private to that
+# namespace and goes with it, however the command ends; the machine's own mounts are never touched.
 run_in() {
   local dir=$1
   shift
   [ -f "$dir/.dkit-root" ] || die "$dir is not a root made by this script"
+  command -v unshare >/dev/null || die "unshare is missing (util-linux)"
   cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
-  local mounted=()
-  for fs in proc sys dev dev/pts dev/shm; do
-    if ! mountpoint -q "$dir/$fs"; then
-      case $fs in
-        proc) mount -t proc proc "$dir/proc" ;;
-        sys) mount -t sysfs sys "$dir/sys" ;;
-        dev) mount --bind /dev "$dir/dev" ;;
-        dev/pts) mount -t devpts devpts "$dir/dev/pts" ;;
-        dev/shm) mount -t tmpfs shm "$dir/dev/shm" ;;
-      esac
-      mounted=("$dir/$fs" "${mounted[@]}")
-    fi
-  done
-  local rc=0
-  chroot "$dir" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" "$@" || rc=$?
-  for m in "${mounted[@]}"; do
-    umount -l "$m" || true
-  done
-  return "$rc"
+  unshare --mount --propagation private -- bash "$(realpath "${BASH_SOURCE[0]}")" --run-unshared "$(realpath "$dir")" "$@"
+}
+
+# The part of run_in that runs inside the new mount namespace.
+run_unshared() {
+  local dir=$1
+  shift
+  mount --bind "$dir" "$dir"
+  mount -t proc proc "$dir/proc"
+  mount -t sysfs sys "$dir/sys"
+  mount --bind /dev "$dir/dev"
+  mount -t devpts devpts "$dir/dev/pts"
+  mount -t tmpfs shm "$dir/dev/shm"
+  exec chroot "$dir" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" "$@"
 }
 
 if [ "${1:-}" = "--run" ]; then
@@ -60,6 +60,10 @@ if [ "${1:-}" = "--run" ]; then
   shift 2
   run_in "$dir" "$@"
   exit $?
+fi
+if [ "${1:-}" = "--run-unshared" ]; then
+  shift
+  run_unshared "$@"
 fi
 
 [ $# -ge 2 ] || die "usage: $0 SUITE DIR [COMPONENTS] | --run DIR COMMAND..."

@@ -23,6 +23,7 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <future>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -92,6 +93,33 @@ std::string this_host() {
 
 std::string key(const char* kind, int64_t rank) {
   return std::string("dkit/") + kind + "/" + std::to_string(rank);
+}
+
+/// What within() throws for a call that has not returned in time.
+struct NoAnswer : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Runs `call` on a thread of its own and returns what it returns (or throws what it throws), or throws NoAnswer
+/// when it has not returned within `limit`. c10d's TCPStore waits for some answers without any limit (add, set,
+/// check and the read of a get in every version; connecting, its ping and a wait's cancelling in 2.x), which a store
+/// behind a cut link or in a stopped process never sends: such a thread is left to end with the process, holding
+/// only what `call` captured (by value, never the caller's state).
+template <typename Call>
+auto within(std::chrono::milliseconds limit, Call call) -> decltype(call()) {
+  using Result = decltype(call());
+  auto task = std::make_shared<std::packaged_task<Result()>>(std::move(call));
+  auto result = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (result.wait_for(limit) != std::future_status::ready) {
+    throw NoAnswer("no answer within " + seconds(limit));
+  }
+  return result.get();
+}
+
+std::chrono::milliseconds left_until(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(0),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
 }
 
 } // namespace
@@ -195,14 +223,15 @@ struct ProcessGroupContext::Impl {
       : launch(l), device(d), options(std::move(o)) {}
 
   ~Impl() {
-    std::unique_lock<std::mutex> lock(watch->mutex);
-    watch->stopping = true;
-    watch->wake.notify_all();
-    // A healthy heartbeat thread ends at once; one in a store call that a lost peer holds up is left behind.
-    const auto patience = failed ? std::chrono::milliseconds(100) : 2 * options.heartbeat();
-    const bool ended = watch->wake.wait_for(lock, patience, [this] { return watch->ended; });
-    lock.unlock();
     if (heartbeat_thread.joinable()) {
+      std::unique_lock<std::mutex> lock(watch->mutex);
+      watch->stopping = true;
+      watch->wake.notify_all();
+      // A healthy heartbeat thread ends at once; one in a store call that a lost peer holds up is left behind
+      // (after half of the period left for leaving: the other half is the process's exit).
+      const auto patience = failed ? heartbeat() / 2 : 2 * heartbeat();
+      const bool ended = watch->wake.wait_for(lock, patience, [this] { return watch->ended; });
+      lock.unlock();
       if (ended) {
         heartbeat_thread.join();
       } else {
@@ -230,90 +259,155 @@ struct ProcessGroupContext::Impl {
     return launch.agent_store ? "torchrun's agent" : "rank 0";
   }
 
-  /// A connection to the rendezvous store; rank 0 hosts it unless torchrun's agent does. The keys of a torchrun
-  /// attempt live under `/worker/attempt_N`, as PyTorch's own processes use them.
-  c10::intrusive_ptr<c10d::Store> connect(bool may_host) const {
+  /// The heartbeat period: ProcessGroupOptions::heartbeat, or dist.timeout / 20 when that is shorter, so that
+  /// telling why a collective failed (at most four periods) fits in dist.timeout.
+  std::chrono::milliseconds heartbeat() const {
+    return std::min(options.heartbeat(), options.timeout() / 20);
+  }
+
+  /// How long a rank waits for another, in a collective (the backend's own timeout) or in the rendezvous:
+  /// dist.timeout less six heartbeat periods, which are for this rank's own wait to notice (one), telling why
+  /// (four) and leaving (one).
+  std::chrono::milliseconds wait_limit() const {
+    return options.timeout() - 6 * heartbeat();
+  }
+
+  /// Connects to the rendezvous store (rank 0: hosts it, unless torchrun's agent does) and adds `value` to `name`
+  /// there, the first exchange that proves a store answers, all within dist.timeout. The keys of a torchrun
+  /// attempt live under `/worker/attempt_N`, as PyTorch's own processes use them. c10d's own limits are set well
+  /// past dist.timeout (1.13 gives up connecting up to a second before its limit), so that within()'s is the one
+  /// that applies, the same in every LibTorch.
+  std::pair<c10::intrusive_ptr<c10d::Store>, int64_t> connect(bool may_host, const std::string& name,
+                                                               int64_t value) const {
     const bool server = may_host && launch.rank == 0 && !launch.agent_store;
     const auto store_options = compat::tcp_store_options<c10d::TCPStoreOptions>(
-        static_cast<uint16_t>(launch.master_port), server, options.timeout());
-    c10::intrusive_ptr<c10d::Store> tcp;
+        static_cast<uint16_t>(launch.master_port), server, 2 * options.timeout() + std::chrono::seconds(2));
+    const std::string prefix = launch.agent_store ? "/worker/attempt_" + std::to_string(launch.restart_count) : "";
+    return within(options.timeout(), [ip = master_ip, store_options, prefix, name, value] {
+      c10::intrusive_ptr<c10d::Store> client = c10::make_intrusive<c10d::TCPStore>(ip, store_options);
+      if (!prefix.empty()) {
+        client = c10::make_intrusive<c10d::PrefixStore>(prefix, client);
+      }
+      const int64_t count = client->add(name, value);
+      return std::make_pair(client, count);
+    });
+  }
+
+  /// The error for a store call made while `phase` that failed with `e` (NoAnswer: did not return in time).
+  Error lost_store(const std::string& phase, const std::exception& e) const {
+    const bool silent = dynamic_cast<const NoAnswer*>(&e) != nullptr;
+    return Error("rank " + std::to_string(launch.rank) + " lost the rendezvous store at " + where() + " (" +
+                 rendezvous + ") while " + phase + ": " +
+                 (silent ? "it did not answer within " + seconds(options.timeout()) + " (dist.timeout): is " +
+                               host_of_store() + " stopped, or the network to it cut?"
+                         : message_of(e)));
+  }
+
+  /// Makes `call` on the store, made while `phase`, within dist.timeout; a failure is lost_store().
+  template <typename Call>
+  auto store_call(const std::string& phase, Call call) const -> decltype(call(store)) {
     try {
-      tcp = c10::make_intrusive<c10d::TCPStore>(master_ip, store_options);
+      return within(options.timeout(), [store = store, call] { return call(store); });
     } catch (const std::exception& e) {
-      DKIT_CHECK(!server, "rank 0 cannot host the rendezvous store on MASTER_PORT=", launch.master_port, ": ",
-                 message_of(e));
-      throw Error("rank " + std::to_string(launch.rank) + " could not reach the rendezvous store at " + where() +
-                  " (" + rendezvous + ") within " + seconds(options.timeout()) + " (dist.timeout): is " +
-                  host_of_store() + " running there? " + message_of(e));
+      throw lost_store(phase, e);
     }
-    if (!launch.agent_store) {
-      return tcp;
+  }
+
+  /// Waits, while `phase`, until each of `ranks` has set its key of `keys`, within dist.timeout: the store's wait
+  /// gets wait_limit(), and the rest is for asking which ranks are missing.
+  void await_ranks(const std::string& phase, const std::vector<std::string>& keys,
+                   const std::vector<int64_t>& ranks) const {
+    const auto deadline = Clock::now() + options.timeout();
+    try {
+      within(options.timeout(), [store = store, keys, limit = wait_limit()] { store->wait(keys, limit); });
+      return;
+    } catch (const NoAnswer& e) {
+      throw lost_store(phase, e);
+    } catch (const std::exception&) {
+      // The store's own timeout, or an error that the question below meets again.
     }
-    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(launch.restart_count), tcp);
+    std::vector<int64_t> missing;
+    try {
+      missing = within(left_until(deadline), [store = store, keys, ranks] {
+        std::vector<int64_t> absent;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (!store->check({keys[i]})) {
+            absent.push_back(ranks[i]);
+          }
+        }
+        return absent;
+      });
+    } catch (const std::exception& e) {
+      throw lost_store(phase, e);
+    }
+    if (missing.empty()) {
+      return;
+    }
+    const bool many = missing.size() > 1;
+    throw Error(rank_list(missing) + " of " + std::to_string(launch.world_size) + (many ? " have" : " has") +
+                " not joined the rendezvous at " + where() + " within " + seconds(options.timeout()) +
+                " (dist.timeout): start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE");
   }
 
   void join() {
-    store = connect(/*may_host=*/true);
-    const auto timeout = options.timeout();
+    int64_t claims = 0;
     try {
-      const int64_t claims = store->add(key("claims", launch.rank), 1);
-      DKIT_CHECK(claims == 1, "RANK=", launch.rank, " was given to ", claims,
-                 " processes: each process of the run needs its own RANK");
-      if (launch.rank == 0) {
-        store->set("dkit/world_size", bytes(std::to_string(launch.world_size)));
-      }
-      store->wait({"dkit/world_size"}, timeout);
-      const std::string world = text(store->get("dkit/world_size"));
-      DKIT_CHECK(world == std::to_string(launch.world_size), "WORLD_SIZE=", launch.world_size,
-                 " for this process (rank ", launch.rank, ") but WORLD_SIZE=", world,
-                 " for rank 0: every process of the run needs the same WORLD_SIZE");
-      store->set(key("member", launch.rank),
-                 bytes("host " + this_host() + " (" + local_address_towards(master_ip, launch.master_port) +
-                       "), pid " + std::to_string(getpid())));
-    } catch (const Error&) {
-      throw;
+      std::tie(store, claims) = connect(/*may_host=*/true, key("claims", launch.rank), 1);
     } catch (const std::exception& e) {
-      throw Error("rank " + std::to_string(launch.rank) + " lost the rendezvous store at " + where() +
-                  " while joining: " + message_of(e));
+      const bool server = launch.rank == 0 && !launch.agent_store;
+      const bool silent = dynamic_cast<const NoAnswer*>(&e) != nullptr;
+      DKIT_CHECK(!server || silent, "rank 0 cannot host the rendezvous store on MASTER_PORT=", launch.master_port,
+                 ": ", message_of(e));
+      throw Error("rank " + std::to_string(launch.rank) + " could not reach the rendezvous store at " + where() +
+                  " (" + rendezvous + ") within " + seconds(options.timeout()) + " (dist.timeout): is " +
+                  host_of_store() + " running there? " + (silent ? "Nothing answered there" : message_of(e)));
     }
+    DKIT_CHECK(claims == 1, "RANK=", launch.rank, " was given to ", claims,
+               " processes: each process of the run needs its own RANK");
+    if (launch.rank == 0) {
+      store_call("joining", [world = bytes(std::to_string(launch.world_size))](auto client) {
+        client->set("dkit/world_size", world);
+      });
+    }
+    await_ranks("joining", {"dkit/world_size"}, {0});
+    const std::string world =
+        text(store_call("joining", [](auto client) { return client->get("dkit/world_size"); }));
+    DKIT_CHECK(world == std::to_string(launch.world_size), "WORLD_SIZE=", launch.world_size,
+               " for this process (rank ", launch.rank, ") but WORLD_SIZE=", world,
+               " for rank 0: every process of the run needs the same WORLD_SIZE");
+    store_call("joining", [name = key("member", launch.rank),
+                           about = bytes("host " + this_host() + " (" +
+                                         local_address_towards(master_ip, launch.master_port) + "), pid " +
+                                         std::to_string(getpid()))](auto client) { client->set(name, about); });
     std::vector<std::string> keys;
+    std::vector<int64_t> ranks;
     for (int64_t r = 0; r < launch.world_size; ++r) {
       keys.push_back(key("member", r));
+      ranks.push_back(r);
     }
-    try {
-      store->wait(keys, timeout);
-    } catch (const std::exception& e) {
-      std::vector<int64_t> missing;
-      try {
-        for (int64_t r = 0; r < launch.world_size; ++r) {
-          if (!store->check({keys[r]})) {
-            missing.push_back(r);
-          }
-        }
-      } catch (const std::exception&) {
-        throw Error("rank " + std::to_string(launch.rank) + " lost the rendezvous store at " + where() +
-                    " while waiting for the other ranks: " + message_of(e));
+    await_ranks("waiting for the other ranks", keys, ranks);
+    members = store_call("reading who joined", [keys](auto client) {
+      std::vector<std::string> found;
+      for (const auto& name : keys) {
+        found.push_back(text(client->get(name)));
       }
-      const bool many = missing.size() > 1;
-      throw Error(rank_list(missing) + " of " + std::to_string(launch.world_size) + (many ? " have" : " has") +
-                  " not joined the rendezvous at " + where() + " within " + seconds(timeout) +
-                  " (dist.timeout): start every rank with the same MASTER_ADDR, MASTER_PORT and "
-                  "WORLD_SIZE");
-    }
-    for (int64_t r = 0; r < launch.world_size; ++r) {
-      members.push_back(text(store->get(keys[r])));
-    }
+      return found;
+    });
   }
 
   void start_heartbeat() {
-    auto heartbeat_store = connect(/*may_host=*/false);
-    heartbeat_store->add(key("heartbeat", launch.rank), 1);
+    c10::intrusive_ptr<c10d::Store> heartbeat_store;
+    try {
+      heartbeat_store = connect(/*may_host=*/false, key("heartbeat", launch.rank), 1).first;
+    } catch (const std::exception& e) {
+      throw lost_store("starting its heartbeat", e);
+    }
     const auto now = Clock::now();
     watch->last_answer = now;
     watch->counts.assign(static_cast<size_t>(launch.world_size), 0);
     watch->changed.assign(static_cast<size_t>(launch.world_size), now);
     watch->failures.assign(static_cast<size_t>(launch.world_size), "");
-    heartbeat_thread = std::thread(beat, watch, heartbeat_store, launch.rank, launch.world_size, options.heartbeat());
+    heartbeat_thread = std::thread(beat, watch, heartbeat_store, launch.rank, launch.world_size, heartbeat());
   }
 
   /// The heartbeat thread: every `period` it counts this rank's beat and reads every rank's count (and, when
@@ -384,14 +478,18 @@ struct ProcessGroupContext::Impl {
     const int size = static_cast<int>(launch.world_size);
     if (backend == "gloo") {
 #if DKIT_WITH_GLOO
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(wait_limit());
       gloo_options->devices.push_back(gloo_device());
       gloo_options->threads = 2;
-      group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
+      // Gloo's rendezvous reads the other ranks' addresses from the store, which may not answer.
+      group = within(wait_limit() + heartbeat(), [prefixed, rank, size, gloo_options] {
+        return c10::intrusive_ptr<compat::C10dBackend>(
+            c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options));
+      });
 #endif
     } else {
 #if DKIT_WITH_NCCL
-      group = make_nccl(prefixed, rank, size, device, options.timeout());
+      group = make_nccl(prefixed, rank, size, device, wait_limit());
 #endif
     }
     TORCH_INTERNAL_ASSERT(group, "no c10d backend was created for '", backend, "'");
@@ -399,7 +497,7 @@ struct ProcessGroupContext::Impl {
 
   void wait(c10d::Work& work, const std::string& what, ProcessGroupContext& self) {
     try {
-      work.wait(options.timeout() + std::chrono::seconds(10));
+      work.wait(wait_limit() + heartbeat());
     } catch (const std::exception& e) {
       throw Error(self.explain_failure(what, message_of(e)));
     }
@@ -408,7 +506,7 @@ struct ProcessGroupContext::Impl {
   /// Whether the heartbeat thread's store calls have been answered lately.
   bool store_answers() {
     std::lock_guard<std::mutex> lock(watch->mutex);
-    return watch->store_error.empty() && Clock::now() - watch->last_answer < 3 * options.heartbeat();
+    return watch->store_error.empty() && Clock::now() - watch->last_answer < 3 * heartbeat();
   }
 };
 
@@ -526,7 +624,7 @@ std::string ProcessGroupContext::explain_failure(const std::string& what, const 
   s.failed = true;
   Watch& watch = *s.watch;
   const int64_t me = s.launch.rank;
-  const auto period = s.options.heartbeat() * 3;
+  const auto period = s.heartbeat() * 3;
   std::unique_lock<std::mutex> lock(watch.mutex);
   watch.read_failures = true;
   watch.failures_read = false;
@@ -555,13 +653,14 @@ std::string ProcessGroupContext::explain_failure(const std::string& what, const 
   };
   const auto asked = Clock::now();
   const auto told = [&](Clock::time_point now) {
-    const bool store_silent = !watch.failures_read && now - asked >= s.options.heartbeat() &&
+    const bool store_silent = !watch.failures_read && now - asked >= s.heartbeat() &&
                               now - watch.last_answer >= period;
     return published() >= 0 || !watch.store_error.empty() || store_silent ||
            (watch.failures_read && !silent(now).empty());
   };
-  for (auto now = asked; !told(now) && now < asked + period + s.options.heartbeat(); now = Clock::now()) {
-    watch.wake.wait_for(lock, std::chrono::milliseconds(50));
+  const auto deadline = asked + period + s.heartbeat();
+  for (auto now = asked; !told(now) && now < deadline; now = Clock::now()) {
+    watch.wake.wait_for(lock, std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - now));
   }
   const auto now = Clock::now();
   const auto since = [&](Clock::time_point then) {

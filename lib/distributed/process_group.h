@@ -47,12 +47,15 @@ std::string resolve_backend(std::string_view backend, const Device& device);
 struct ProcessGroupOptions {
   /// The backend to use (see resolve_backend()).
   TORCH_ARG(Backend, backend) = Backend::kAuto;
-  /// How long a rank waits for another (`dist.timeout`): the rendezvous for every rank, the store to connect and
-  /// hand out keys, and each send and receive of a collective (the backend's own timeout) before failing.
+  /// How long a rank waits for another (`dist.timeout`), the error that says why included: each store call of
+  /// the rendezvous (connecting, every rank joining) and each collective ends within it. A collective waits this
+  /// less six heartbeat periods for the other ranks (the backend's own timeout), the rest is for telling why and
+  /// leaving.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(60);
   /// How often each rank proves it is alive through the rendezvous store, and reads every rank's count, on a
-  /// thread and a store connection of its own. When a collective fails, a rank whose count has not moved for three
-  /// periods is reported as gone, and a store that answered no round for as long as unreachable.
+  /// thread and a store connection of its own; at most timeout / 20. When a collective fails, a rank whose count
+  /// has not moved for three periods is reported as gone, and a store that answered no round for as long as
+  /// unreachable.
   TORCH_ARG(std::chrono::milliseconds, heartbeat) = std::chrono::milliseconds(500);
 };
 
@@ -83,8 +86,9 @@ class ProcessGroupContext {
  public:
   /// Joins the run: connects to (rank 0: hosts) the rendezvous store, waits until every rank has joined, then
   /// creates the backend. Errors name the variable or address at fault: an unresolvable `MASTER_ADDR`, a
-  /// `MASTER_PORT` rank 0 cannot listen on, a store no rank could reach within the timeout, ranks that never
-  /// joined, two processes with the same `RANK`, processes that disagree on `WORLD_SIZE`.
+  /// `MASTER_PORT` rank 0 cannot listen on, a store no rank could reach within the timeout, a store that stopped
+  /// answering (with the phase of joining), ranks that never joined, two processes with the same `RANK`,
+  /// processes that disagree on `WORLD_SIZE`.
   ProcessGroupContext(const LaunchEnvironment& launch, const Device& device, ProcessGroupOptions options = {});
   /// Stops the heartbeat and leaves the group. After a failed collective it does not wait for what a lost peer
   /// may hold up: a heartbeat thread stuck in a store call is left to end with the process, and so is the backend.

@@ -37,8 +37,8 @@ class TwoHosts {
                      std::to_string(geteuid());
       return;
     }
-    if (!run("ip netns list")) {
-      skip_reason_ = "`ip netns` is not available here (iproute2's ip with network namespace support)";
+    if (std::string said; !run("ip netns list", &said)) {
+      skip_reason_ = "`ip netns` is not available here (iproute2's ip with network namespace support): " + said;
       return;
     }
     remove_orphans();
@@ -56,8 +56,13 @@ class TwoHosts {
           << "127.0.0.1 localhost\n" << address('a') << " " << name('a') << "\n" << address('b') << " " << name('b')
           << "\n";
     }
-    if (!run(script)) {
-      skip_reason_ = "cannot make two network namespaces joined by a veth pair: `" + script + "` failed";
+    if (std::string said; !run(script, &said)) {
+      skip_reason_ = "cannot make two network namespaces joined by a veth pair: " + said;
+      if (said.find("--make-rslave") != std::string::npos) {
+        skip_reason_ += " (`ip netns exec` remounts /, which a chroot whose / is not a mount point cannot: enter "
+                        "such a root in a mount namespace of its own with / bind-mounted on itself, as "
+                        "scripts/debian_root.sh --run does)";
+      }
     }
   }
 
@@ -167,9 +172,33 @@ class TwoHosts {
     }
   }
 
-  static bool run(const std::string& script) {
-    const int status = std::system(("(" + script + ") >/dev/null 2>&1").c_str());
-    return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  /// Runs `script` with sh; whether it succeeded. When `said` is given, it receives the last line the script
+  /// wrote (stdout and stderr), or its exit status when it wrote none.
+  static bool run(const std::string& script, std::string* said = nullptr) {
+    FILE* out = ::popen(("(" + script + ") 2>&1").c_str(), "r");
+    if (out == nullptr) {
+      if (said != nullptr) {
+        *said = "cannot start sh";
+      }
+      return false;
+    }
+    std::string last;
+    char line[512];
+    while (std::fgets(line, sizeof(line), out) != nullptr) {
+      std::string text(line);
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) {
+        text.pop_back();
+      }
+      if (!text.empty()) {
+        last = text;
+      }
+    }
+    const int status = ::pclose(out);
+    const bool ok = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && said != nullptr) {
+      *said = !last.empty() ? last : "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+    return ok;
   }
 
   std::string id_;

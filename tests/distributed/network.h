@@ -42,6 +42,20 @@ inline int free_port() {
   return ntohs(address.sin_port);
 }
 
+/// Whether something accepts TCP connections on 127.0.0.1:`port` now (a connection is made and closed at once).
+inline bool accepts_connections(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool accepted = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  if (fd >= 0) {
+    close(fd);
+  }
+  return accepted;
+}
+
 /// A socket listening on 127.0.0.1 on a port of the kernel's choice, closed at scope exit: a port that is busy.
 class ListeningSocket {
  public:

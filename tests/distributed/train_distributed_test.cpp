@@ -1,8 +1,11 @@
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/core/compat.h>
 
 #include "../process.h"
 #include "../support.h"
 #include "network.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #ifdef DKIT_APP_PATH
 
@@ -271,6 +275,75 @@ TEST_F(DistributedTrainTest, BadRendezvousVariablesAreNamed) {
                              "rank 0 running there? "),
             std::string::npos)
       << alone.err();
+  EXPECT_FALSE(fs::exists(run)) << "a run that never joined writes nothing";
+}
+
+// A store host that stops answering while the ranks join (its process stopped, as a stalled machine is): every
+// store call of the rendezvous ends within dist.timeout, with the store's address and the phase. c10d's own store
+// client would wait for the answer forever (LibTorch 1.13: the first add after connecting; 2.x: the ping inside
+// TCPStore's constructor, or a wait's cancelling).
+TEST_F(DistributedTrainTest, AStoreThatStopsAnsweringEndsTheRendezvousWithinTheTimeout) {
+  const std::string run = tmp_.file("silent");
+  const int port = test::free_port();
+  const auto rank = [&](int r, int world_size, int timeout) {
+    return std::make_unique<Process>(train(run, {"dist.timeout=" + std::to_string(timeout)}),
+                                     run + "-" + std::to_string(world_size) + "-rank" + std::to_string(r),
+                                     rank_env(r, world_size, port));
+  };
+  const auto wait_until = [](const std::function<bool()>& done, Process& host) {
+    const auto guard = Clock::now() + std::chrono::seconds(120);
+    while (!done()) {
+      if (host.finished() || Clock::now() > guard) {
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  };
+  const auto expect_error = [&](Process& process, const std::string& line, Clock::time_point since,
+                                const std::string& what, const std::string& since_what) {
+    // A hang guard only: c10d alone would wait forever; the time is printed, not judged.
+    ASSERT_TRUE(process.wait_for(std::chrono::seconds(120))) << what << ": rank 1 still runs after 120 s";
+    std::cout << "[ MEASURED ] " << what << ": rank 1 ended "
+              << std::chrono::duration<double>(Clock::now() - since).count() << " s after " << since_what << "\n";
+    EXPECT_EQ(process.wait(), 1) << process.err();
+    const std::string err = process.err();
+    EXPECT_EQ(err.substr(std::min(err.rfind("dkit: error: "), err.size())), "dkit: error: " + line + "\n") << err;
+  };
+  const std::string p = std::to_string(port);
+  const std::string store = "the rendezvous store at MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p + " (127.0.0.1:" + p + ")";
+
+  // Stopped once it listens, before rank 1 connects: the kernel still accepts the connection, nothing answers.
+  {
+    auto host = rank(0, 2, 2);
+    ASSERT_TRUE(wait_until([&] { return test::accepts_connections(port); }, *host)) << host->err();
+    host->stop();
+    const auto started = Clock::now();
+    auto joining = rank(1, 2, 2);
+    expect_error(*joining, "rank 1 could not reach " + store + " within 2 s (dist.timeout): is rank 0 running there? "
+                 "Nothing answered there", started, "connecting", "it started");
+    host->signal(SIGKILL);
+    host->resume();
+    EXPECT_EQ(host->wait(), 128 + SIGKILL);
+  }
+
+  // Stopped once rank 1 has joined and waits for rank 2, which never comes.
+  {
+    auto host = rank(0, 3, 8);
+    auto joining = rank(1, 3, 8);
+    ASSERT_TRUE(wait_until([&] { return test::accepts_connections(port); }, *host)) << host->err();
+    auto client = c10::make_intrusive<c10d::TCPStore>(
+        "127.0.0.1", compat::tcp_store_options<c10d::TCPStoreOptions>(static_cast<uint16_t>(port), /*is_server=*/false, std::chrono::seconds(10)));
+    ASSERT_TRUE(wait_until([&] { return client->check({"dkit/member/1"}); }, *host)) << host->err();
+    client.reset();
+    host->stop();
+    const auto stopped = Clock::now();
+    expect_error(*joining, "rank 1 lost " + store + " while waiting for the other ranks: it did not answer within 8 s "
+                 "(dist.timeout): is rank 0 stopped, or the network to it cut?", stopped, "waiting", "rank 0 stopped");
+    host->signal(SIGKILL);
+    host->resume();
+    EXPECT_EQ(host->wait(), 128 + SIGKILL);
+  }
   EXPECT_FALSE(fs::exists(run)) << "a run that never joined writes nothing";
 }
 
