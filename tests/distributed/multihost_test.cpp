@@ -26,8 +26,8 @@ using test::Process;
 constexpr int kTimeoutSeconds = 4;
 // dkit ends every rank within dist.timeout of the moment it next waits for the lost peer; the tests measure from the
 // fault, so they allow what lies between (the step under way, milliseconds here) and their own 20 ms polling, with
-// room for a machine that other builds keep busy.
-constexpr double kSlackSeconds = 0.5;
+// room for a machine that other tests, builds or a sanitizer keep busy (measured: 0.0-0.3 s past the timeout).
+constexpr double kSlackSeconds = 1.5;
 // A hang guard only: far above any time a rank should take; the verdict on time is the bound above.
 constexpr auto kHangGuard = std::chrono::seconds(120);
 
