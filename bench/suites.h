@@ -35,8 +35,9 @@ struct SuiteOptions {
   /// Python interpreter for the `train` and `optimizers` suites' PyTorch side (bench/python/mlp_train.py); empty for
   /// `/usr/bin/python3` when it exists, else `python3` from the PATH; `none` to leave PyTorch out.
   TORCH_ARG(std::string, python) = "";
-  /// The `train` and `optimizers` suites' Python script; empty for `mlp_train.py` beside the running program (where the build copies
-  /// bench/python/mlp_train.py), else `../share/dkit/mlp_train.py` relative to it (where `cmake --install` puts it).
+  /// The `train` and `optimizers` suites' Python script; empty for `mlp_train.py` beside the running program
+  /// (where the build copies bench/python/mlp_train.py), else `../share/dkit/mlp_train.py` relative to it (where
+  /// `cmake --install` puts it).
   TORCH_ARG(std::string, python_script) = "";
   /// Called with a line as each case starts, so that a long run shows progress; empty for silence.
   TORCH_ARG(std::function<void(const std::string&)>, progress) = nullptr;

@@ -149,7 +149,8 @@ std::unique_ptr<torch::optim::Optimizer> BenchOptimizer::make(const std::vector<
                                                               bool fused) const {
   switch (kind) {
     case OptimizerKind::kSgd: {
-      const auto options = torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).weight_decay(weight_decay);
+      const auto options =
+          torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).weight_decay(weight_decay);
       if (fused) {
         return std::make_unique<FusedSGD>(params, options);
       }

@@ -102,7 +102,8 @@ SuiteResult bench_train(const SuiteOptions& options) {
 
       PythonRun py;
       if (python_skipped.empty()) {
-        report_progress(options, "train: " + device.str() + " batch " + std::to_string(batch) + " PyTorch (" + python + ")");
+        report_progress(options,
+                        "train: " + device.str() + " batch " + std::to_string(batch) + " PyTorch (" + python + ")");
         const int64_t steps = std::max<int64_t>(variants.front().iterations, 3);
         py = detail::run_python(python, script, device, batch, samples, steps, /*warmup=*/std::max<int64_t>(steps, 10),
                         repeat, "slicing,dataloader");

@@ -411,7 +411,8 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   return closure_then(closure, [this] {
     using torch::optim::AdamOptions;
     using torch::optim::AdamParamState;
-    if (!fused_adam_step<AdamOptions, AdamParamState>(param_groups_, state_, /*decoupled=*/false, fused_adam_kernel())) {
+    if (!fused_adam_step<AdamOptions, AdamParamState>(param_groups_, state_, /*decoupled=*/false,
+                                                      fused_adam_kernel())) {
       torch::optim::Adam::step();
     }
   });
@@ -421,7 +422,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return closure_then(closure, [this] {
     using torch::optim::AdamWOptions;
     using torch::optim::AdamWParamState;
-    if (!fused_adam_step<AdamWOptions, AdamWParamState>(param_groups_, state_, /*decoupled=*/true, fused_adam_kernel())) {
+    if (!fused_adam_step<AdamWOptions, AdamWParamState>(param_groups_, state_, /*decoupled=*/true,
+                                                        fused_adam_kernel())) {
       torch::optim::AdamW::step();
     }
   });

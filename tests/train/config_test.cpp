@@ -191,7 +191,8 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
 }
 
 TEST_F(ConfigTest, NesterovMomentumNeedsAMomentum) {
-  EXPECT_EQ(error_message([] { resolve("data: {source: synthetic}\ntrain: {optimizer: sgd, momentum: 0, nesterov: true}"); }),
+  EXPECT_EQ(error_message(
+                [] { resolve("data: {source: synthetic}\ntrain: {optimizer: sgd, momentum: 0, nesterov: true}"); }),
             "config key 'train.nesterov' (test.yaml line 2) needs train.momentum above 0, got 0");
   EXPECT_TRUE(resolve("data: {source: synthetic}", {"train.optimizer=sgd", "train.nesterov=true"}).nesterov);
   // Other optimizers ignore it, and its check.
