@@ -102,7 +102,7 @@ AdamConstants constants_for(const Options& options, int64_t step, bool decoupled
 // gradient or its state is one that the kernels do not handle.
 template <typename Options, typename State, typename StateMap>
 bool fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, bool decoupled,
-                FusedKernel kernel) {
+                     FusedKernel kernel) {
   using Key = typename StateMap::key_type;
   if (kernel == FusedKernel::kNone) {
     return false;
