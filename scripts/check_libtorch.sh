@@ -2,7 +2,10 @@
 # Builds dkit against the LibTorch of other Debian releases, each in a Debian root made with debootstrap from the
 # mirror this machine's apt sources name (scripts/debian_root.sh), cached in .cache/roots (or $DKIT_ROOTS_DIR).
 #
-#   scripts/check_libtorch.sh TARGET...     # TARGET: cuda, stable, newest or all
+#   scripts/check_libtorch.sh TARGET...             # TARGET: cuda, stable, newest or all
+#   scripts/check_libtorch.sh --prepare TARGET...   # only makes the roots and installs their packages (network- and
+#                                                   # disk-bound: CI runs it while it builds), so that a later run
+#                                                   # of the same targets goes straight to building
 #
 #   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole CTest suite,
 #           with trixie's PyTorch 2.6 for the Python interop tests.
@@ -25,9 +28,14 @@ roots=${DKIT_ROOTS_DIR:-$(pwd)/.cache/roots}
 jobs=${DKIT_JOBS:-$(nproc)}
 
 usage() {
-  echo "usage: scripts/check_libtorch.sh cuda|stable|newest|all..." >&2
+  echo "usage: scripts/check_libtorch.sh [--prepare] cuda|stable|newest|all..." >&2
   exit 2
 }
+prepare_only=0
+if [ "${1:-}" = "--prepare" ]; then
+  prepare_only=1
+  shift
+fi
 [ $# -ge 1 ] || usage
 targets=()
 for target in "$@"; do
@@ -122,6 +130,10 @@ for target in "${targets[@]}"; do
     continue
   fi
   version=$(in_root "$root" dpkg-query -W -f='${Version}' "$torch_package" | sed -E 's/^[0-9]+://; s/[-+~].*//')
+  if [ "$prepare_only" -eq 1 ]; then
+    record "$target" prepared "LibTorch $version ($((SECONDS - start)) s)"
+    continue
+  fi
   say "$target: LibTorch $version ($torch_package), g++ $(in_root "$root" g++ -dumpfullversion)"
   mode=full
   [ "$target" = cuda ] && mode=cuda
