@@ -1,5 +1,6 @@
 #include <dkit/bench/train_common.h>
 
+#include <dkit/core/error.h>
 #include <dkit/core/format.h>
 #include <dkit/train/optim.h>
 
@@ -340,6 +341,24 @@ PythonSide python_side(const SuiteOptions& options) {
     side.skipped = "left out: no script at '" + side.script + "' (give --python-script)";
   }
   return side;
+}
+
+TrainSuiteSetup train_suite_setup(const SuiteOptions& options, std::vector<int64_t> defaults,
+                                  std::vector<int64_t> quick_defaults) {
+  TrainSuiteSetup setup;
+  setup.sizes = options.sizes();
+  if (setup.sizes.empty()) {
+    setup.sizes = options.quick() ? std::move(quick_defaults) : std::move(defaults);
+  }
+  for (const int64_t size : setup.sizes) {
+    DKIT_CHECK(size > 0, "sizes must be positive, got ", size);
+  }
+  setup.repeat = options.repeat() > 0 ? options.repeat() : (options.quick() ? 3 : 5);
+  setup.min_sample_seconds = options.quick() ? 0.05 : 0.25;
+  setup.samples = std::max<int64_t>(4096, 4 * *std::max_element(setup.sizes.begin(), setup.sizes.end()));
+  setup.data = make_synthetic(SyntheticOptions(setup.samples, kFeatures, kClasses).seed(static_cast<uint64_t>(0)));
+  setup.python = python_side(options);
+  return setup;
 }
 
 std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,

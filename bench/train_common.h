@@ -226,6 +226,27 @@ struct PythonSide {
 /// The PyTorch side `options` ask for.
 PythonSide python_side(const SuiteOptions& options);
 
+/// What the `train` and `optimizers` suites resolve from SuiteOptions before they time anything.
+struct TrainSuiteSetup {
+  /// The batch sizes: `options.sizes()`, or the suite's defaults; each checked positive.
+  std::vector<int64_t> sizes;
+  /// Timed samples per variant: `options.repeat()`, or 5 (3 with `quick`).
+  int64_t repeat = 0;
+  /// The shortest timed sample when `options.steps()` is 0: 0.25 s (0.05 s with `quick`).
+  double min_sample_seconds = 0;
+  /// Synthetic samples: at least 4,096 and four times the largest batch.
+  int64_t samples = 0;
+  /// The synthetic data set, kFeatures wide with kClasses classes, seed 0.
+  Dataset data;
+  /// The PyTorch side.
+  PythonSide python;
+};
+
+/// The setup of a suite run with `options`, whose default batch sizes are `defaults` (`quick_defaults` with
+/// `quick`).
+TrainSuiteSetup train_suite_setup(const SuiteOptions& options, std::vector<int64_t> defaults,
+                                  std::vector<int64_t> quick_defaults);
+
 /// Runs `script` with `python` on random data of `samples` rows at `batch`, `steps` steps per timed run after
 /// `warmup`, `repeat` runs, for `loops` (`slicing,dataloader`), with `extra` arguments (an optimizer's).
 PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,

@@ -3,7 +3,6 @@
 #include <dkit/bench/timing.h>
 #include <dkit/bench/train_common.h>
 #include <dkit/config.h>
-#include <dkit/core/error.h>
 #include <dkit/core/format.h>
 #include <dkit/data/dataset.h>
 #include <dkit/train/optim.h>
@@ -11,7 +10,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <memory>
 
 namespace dkit::bench {
@@ -46,25 +44,16 @@ const BenchOptimizer& adam() {
 
 SuiteResult bench_train(const SuiteOptions& options) {
   const std::vector<Device> devices = suite_devices(options);
-  std::vector<int64_t> sizes = options.sizes();
-  if (sizes.empty()) {
-    sizes = options.quick() ? std::vector<int64_t>{32, 256, 2048}
-                            : std::vector<int64_t>{32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  }
-  for (const int64_t size : sizes) {
-    DKIT_CHECK(size > 0, "sizes must be positive, got ", size);
-  }
-  const int64_t repeat = options.repeat() > 0 ? options.repeat() : (options.quick() ? 3 : 5);
-  const double min_sample_seconds = options.quick() ? 0.05 : 0.25;
-  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  const int64_t samples = std::max<int64_t>(4096, 4 * largest);
-  const Dataset data =
-      make_synthetic(SyntheticOptions(samples, kFeatures, kClasses).seed(static_cast<uint64_t>(0)));
-
-  const detail::PythonSide side = detail::python_side(options);
-  const std::string& python = side.python;
-  const std::string& script = side.script;
-  std::string python_skipped = side.skipped;
+  const detail::TrainSuiteSetup setup = detail::train_suite_setup(
+      options, {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}, {32, 256, 2048});
+  const std::vector<int64_t>& sizes = setup.sizes;
+  const int64_t repeat = setup.repeat;
+  const double min_sample_seconds = setup.min_sample_seconds;
+  const int64_t samples = setup.samples;
+  const Dataset& data = setup.data;
+  const std::string& python = setup.python.python;
+  const std::string& script = setup.python.script;
+  std::string python_skipped = setup.python.skipped;
   std::string torch_python_version;
 
   ResultTable table("train", {{"device"}, {"batch", ColumnKind::kInteger}, {"variant"}, {"data"},
