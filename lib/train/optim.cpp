@@ -2,9 +2,12 @@
 
 #include <dkit/core/compat.h>
 #include <dkit/train/detail/optim_kernels.h>
+#include <dkit/train/detail/side_by_side.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -13,6 +16,16 @@
 #include <vector>
 
 namespace dkit {
+
+struct FusedStep::Slots {
+  explicit Slots(FusedKernel fused_kernel) : kernel(fused_kernel) {}
+
+  FusedKernel kernel;
+  std::vector<const c10::TensorImpl*> params;
+  std::vector<detail::SgdSlot> sgd;
+  std::vector<detail::AdamSlot> adam;
+};
+
 namespace {
 
 using detail::AdamConstants;
@@ -33,11 +46,12 @@ void update_range(const SgdSlot& s, int64_t begin, int64_t end, bool fma) {
   widest_build().sgd_update(s, begin, end, fma);
 }
 
+constexpr int64_t kBlock = 8192;
+
 // Splits the parameters into blocks so that one parallel_for covers them all: large parameters are shared between
 // LibTorch's intra-op threads as its own element-wise kernels share them, small ones cost no thread hand-off.
 template <typename Slot>
 void run_slots(const std::vector<Slot>& slots, FusedKernel kernel) {
-  constexpr int64_t kBlock = 8192;
   struct Block {
     const Slot* slot;
     int64_t begin;
@@ -98,14 +112,15 @@ AdamConstants constants_for(const Options& options, int64_t step, bool decoupled
   return c;
 }
 
-// One step of every parameter with a gradient by `kernel`; false, with nothing changed, when a parameter, its
-// gradient or its state is one that the kernels do not handle.
+// Begins a step of every parameter with a gradient by `kernel`: its state made and counted, its update's
+// arguments returned; null, with nothing changed, when a parameter, its gradient or its state is one that the
+// kernels do not handle.
 template <typename Options, typename State, typename StateMap>
-bool fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, bool decoupled,
-                     FusedKernel kernel) {
+std::shared_ptr<FusedStep::Slots> begin_adam_step(std::vector<torch::optim::OptimizerParamGroup>& groups,
+                                                  StateMap& states, bool decoupled, FusedKernel kernel) {
   using Key = typename StateMap::key_type;
   if (kernel == FusedKernel::kNone) {
-    return false;
+    return nullptr;
   }
   for (auto& group : groups) {
     const auto& options = static_cast<const Options&>(group.options());
@@ -115,18 +130,18 @@ bool fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& groups, Sta
         continue;
       }
       if (options.amsgrad() || !eligible(p, p) || !eligible(grad, p)) {
-        return false;
+        return nullptr;
       }
       const auto found = states.find(compat::optimizer_state_key<Key>(p));
       if (found != states.end()) {
         const auto& state = static_cast<const State&>(*found->second);
         if (!eligible(state.exp_avg(), p) || !eligible(state.exp_avg_sq(), p)) {
-          return false;
+          return nullptr;
         }
       }
     }
   }
-  std::vector<AdamSlot> slots;
+  auto slots = std::make_shared<FusedStep::Slots>(kernel);
   for (auto& group : groups) {
     const auto& options = static_cast<const Options&>(group.options());
     for (auto& p : group.params()) {
@@ -144,13 +159,13 @@ bool fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& groups, Sta
       }
       auto& state = static_cast<State&>(*entry);
       state.step(state.step() + 1);
-      slots.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), state.exp_avg().template data_ptr<float>(),
-                       state.exp_avg_sq().template data_ptr<float>(), p.numel(),
-                       constants_for(options, state.step(), decoupled)});
+      slots->params.push_back(p.unsafeGetTensorImpl());
+      slots->adam.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), state.exp_avg().template data_ptr<float>(),
+                             state.exp_avg_sq().template data_ptr<float>(), p.numel(),
+                             constants_for(options, state.step(), decoupled)});
     }
   }
-  run_slots(slots, kernel);
-  return true;
+  return slots;
 }
 
 SgdConstants sgd_constants_for(const torch::optim::SGDOptions& options, bool first) {
@@ -166,13 +181,15 @@ SgdConstants sgd_constants_for(const torch::optim::SGDOptions& options, bool fir
   return c;
 }
 
-// One SGD step of every parameter with a gradient by `kernel`; false, with nothing changed, when a parameter, its
-// gradient or its momentum buffer is one that the kernels do not handle.
+// Begins an SGD step of every parameter with a gradient by `kernel`: missing momentum buffers made, the updates'
+// arguments returned; null, with nothing changed, when a parameter, its gradient or its momentum buffer is one
+// that the kernels do not handle.
 template <typename StateMap>
-bool fused_sgd_step(std::vector<torch::optim::OptimizerParamGroup>& groups, StateMap& states, FusedKernel kernel) {
+std::shared_ptr<FusedStep::Slots> begin_sgd_step(std::vector<torch::optim::OptimizerParamGroup>& groups,
+                                                 StateMap& states, FusedKernel kernel) {
   using Key = typename StateMap::key_type;
   if (kernel == FusedKernel::kNone) {
-    return false;
+    return nullptr;
   }
   for (auto& group : groups) {
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
@@ -182,18 +199,18 @@ bool fused_sgd_step(std::vector<torch::optim::OptimizerParamGroup>& groups, Stat
         continue;
       }
       if (!eligible(p, p) || !eligible(grad, p)) {
-        return false;
+        return nullptr;
       }
       if (options.momentum() != 0) {
         const auto found = states.find(compat::optimizer_state_key<Key>(p));
         if (found != states.end() &&
             !eligible(static_cast<const torch::optim::SGDParamState&>(*found->second).momentum_buffer(), p)) {
-          return false;
+          return nullptr;
         }
       }
     }
   }
-  std::vector<SgdSlot> slots;
+  auto slots = std::make_shared<FusedStep::Slots>(kernel);
   for (auto& group : groups) {
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
     for (auto& p : group.params()) {
@@ -213,12 +230,22 @@ bool fused_sgd_step(std::vector<torch::optim::OptimizerParamGroup>& groups, Stat
         }
         buffer = static_cast<torch::optim::SGDParamState&>(*entry).momentum_buffer().data_ptr<float>();
       }
-      slots.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), buffer, p.numel(),
-                       sgd_constants_for(options, first)});
+      slots->params.push_back(p.unsafeGetTensorImpl());
+      slots->sgd.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), buffer, p.numel(),
+                            sgd_constants_for(options, first)});
     }
   }
-  run_slots(slots, kernel);
-  return true;
+  return slots;
+}
+
+// Runs every update of `slots`, split over LibTorch's intra-op threads as run_slots splits them.
+void run_all(const FusedStep::Slots& slots) {
+  if (!slots.sgd.empty()) {
+    run_slots(slots.sgd, slots.kernel);
+  }
+  if (!slots.adam.empty()) {
+    run_slots(slots.adam, slots.kernel);
+  }
 }
 
 at::Tensor probe_values(int64_t n, double frequency, double scale, double offset) {
@@ -322,6 +349,47 @@ at::Tensor closure_then(const torch::optim::Optimizer::LossClosure& closure, Upd
 
 namespace detail {
 
+void append_update_blocks(const FusedStep& step, size_t index, std::vector<UpdateBlock>& blocks) {
+  const int64_t numel = step.numel(index);
+  for (int64_t begin = 0; begin < numel; begin += kBlock) {
+    blocks.push_back({index, begin, std::min(numel, begin + kBlock)});
+  }
+}
+
+void run_side_by_side(const std::function<void()>& first, const std::function<void()>& second, const FusedStep& step,
+                      const std::vector<UpdateBlock>& ready, const std::vector<UpdateBlock>& after) {
+  std::atomic<size_t> next{0};
+  std::atomic<int> finished{0};
+  std::atomic<bool> failed{false};
+  const size_t total = ready.size() + after.size();
+  const auto share_updates = [&] {
+    for (size_t b = next.fetch_add(1); b < total; b = next.fetch_add(1)) {
+      if (b >= ready.size()) {
+        while (finished.load(std::memory_order_acquire) < 2) {
+          if (failed.load()) {
+            return;
+          }
+          std::this_thread::yield();
+        }
+      }
+      const UpdateBlock& block = b < ready.size() ? ready[b] : after[b - ready.size()];
+      step.update(block.index, block.begin, block.end);
+    }
+  };
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      try {
+        (task == 0 ? first : second)();
+      } catch (...) {
+        failed = true;
+        throw;
+      }
+      finished.fetch_add(1, std::memory_order_release);
+    }
+    share_updates();
+  });
+}
+
 std::vector<OptimKernelBuild> optim_kernel_builds() {
   std::vector<OptimKernelBuild> builds = {DEFAULT::build()};
 #if DKIT_OPTIM_KERNELS_AVX
@@ -401,32 +469,83 @@ FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOpt
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
   return closure_then(closure, [this] {
-    if (!fused_sgd_step(param_groups_, state_, fused_sgd_kernel())) {
+    if (const auto slots = begin_sgd_step(param_groups_, state_, fused_sgd_kernel())) {
+      run_all(*slots);
+    } else {
       torch::optim::SGD::step();
     }
   });
 }
 
+std::optional<FusedStep> FusedSGD::begin_step() {
+  auto slots = begin_sgd_step(param_groups_, state_, fused_sgd_kernel());
+  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
+}
+
 torch::Tensor FusedAdam::step(LossClosure closure) {
   return closure_then(closure, [this] {
-    using torch::optim::AdamOptions;
-    using torch::optim::AdamParamState;
-    if (!fused_adam_step<AdamOptions, AdamParamState>(param_groups_, state_, /*decoupled=*/false,
-                                                      fused_adam_kernel())) {
+    if (const auto slots = begin_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
+            param_groups_, state_, /*decoupled=*/false, fused_adam_kernel())) {
+      run_all(*slots);
+    } else {
       torch::optim::Adam::step();
     }
   });
 }
 
+std::optional<FusedStep> FusedAdam::begin_step() {
+  auto slots = begin_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
+      param_groups_, state_, /*decoupled=*/false, fused_adam_kernel());
+  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
+}
+
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   return closure_then(closure, [this] {
-    using torch::optim::AdamWOptions;
-    using torch::optim::AdamWParamState;
-    if (!fused_adam_step<AdamWOptions, AdamWParamState>(param_groups_, state_, /*decoupled=*/true,
-                                                        fused_adam_kernel())) {
+    if (const auto slots = begin_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+            param_groups_, state_, /*decoupled=*/true, fused_adam_kernel())) {
+      run_all(*slots);
+    } else {
       torch::optim::AdamW::step();
     }
   });
+}
+
+std::optional<FusedStep> FusedAdamW::begin_step() {
+  auto slots = begin_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+      param_groups_, state_, /*decoupled=*/true, fused_adam_kernel());
+  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
+}
+
+FusedStep::FusedStep(std::shared_ptr<const Slots> slots) : slots_(std::move(slots)) {
+  TORCH_INTERNAL_ASSERT(slots_ != nullptr && (slots_->sgd.empty() || slots_->adam.empty()) &&
+                            slots_->params.size() == slots_->sgd.size() + slots_->adam.size(),
+                        "a fused step is of one optimizer, a slot per parameter");
+}
+
+size_t FusedStep::size() const {
+  return slots_->params.size();
+}
+
+int64_t FusedStep::index_of(const at::Tensor& parameter) const {
+  const auto& params = slots_->params;
+  const auto found = std::find(params.begin(), params.end(), parameter.unsafeGetTensorImpl());
+  return found == params.end() ? -1 : static_cast<int64_t>(found - params.begin());
+}
+
+int64_t FusedStep::numel(size_t index) const {
+  TORCH_CHECK(index < size(), "FusedStep::numel: no parameter ", index, " in a step of ", size());
+  return slots_->sgd.empty() ? slots_->adam[index].numel : slots_->sgd[index].numel;
+}
+
+void FusedStep::update(size_t index, int64_t begin, int64_t end) const {
+  TORCH_CHECK(0 <= begin && begin <= end && end <= numel(index), "FusedStep::update: elements [", begin, ", ", end,
+              ") of parameter ", index, ", which has ", numel(index));
+  const bool fma = slots_->kernel == FusedKernel::kFusedMultiplyAdd;
+  if (slots_->sgd.empty()) {
+    update_range(slots_->adam[index], begin, end, fma);
+  } else {
+    update_range(slots_->sgd[index], begin, end, fma);
+  }
 }
 
 } // namespace dkit

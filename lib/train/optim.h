@@ -4,6 +4,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +42,49 @@ std::string to_string(FusedKernel kernel);
 /// at::parallel_for runs its whole range on the calling thread in code built without OpenMP.
 int kernel_threads();
 
+/// One step of FusedSGD, FusedAdam or FusedAdamW split into its parameters' updates, which may run in any order
+/// and on any threads, each element updated exactly once: then the parameters and the optimizer's state are
+/// bitwise what step() makes of them. dkit::TrainStep runs a layer's update as soon as its gradients are final,
+/// beside the rest of the backward pass. Made by FusedOptimizer::begin_step(). Example:
+/// ```
+/// if (std::optional<dkit::FusedStep> step = optimizer.begin_step()) {
+///   for (size_t i = 0; i < step->size(); ++i) {
+///     step->update(i, 0, step->numel(i));
+///   }
+/// }
+/// ```
+class FusedStep {
+ public:
+  /// How many parameters the step updates: those with a gradient, in the optimizer's order.
+  size_t size() const;
+  /// The position of `parameter` (the same tensor, not an equal one) among the step's parameters, or -1 when the
+  /// step does not update it.
+  int64_t index_of(const at::Tensor& parameter) const;
+  /// How many elements the parameter at `index` has.
+  int64_t numel(size_t index) const;
+  /// Updates elements [begin, end) of the parameter at `index` (and of its state) on the calling thread.
+  void update(size_t index, int64_t begin, int64_t end) const;
+
+  /// The step's parameters and their kernels' arguments; internal to dkit.
+  struct Slots;
+  /// A step over `slots`; internal to dkit (FusedOptimizer::begin_step() makes steps).
+  explicit FusedStep(std::shared_ptr<const Slots> slots);
+
+ private:
+  std::shared_ptr<const Slots> slots_;
+};
+
+/// What FusedSGD, FusedAdam and FusedAdamW share beside their LibTorch optimizer: a step that can be taken a
+/// parameter at a time.
+class FusedOptimizer {
+ public:
+  virtual ~FusedOptimizer() = default;
+  /// Begins a step as step() begins it (creates missing state, counts the step, reads each group's options as
+  /// they are now) and returns the updates it leaves to run, which the caller must run before the next step;
+  /// std::nullopt, with nothing changed, when step() would be LibTorch's (see each optimizer).
+  virtual std::optional<FusedStep> begin_step() = 0;
+};
+
 /// `torch::optim::SGD` whose step() updates each float32 CPU parameter in one pass over its elements (gradient,
 /// weight decay, momentum buffer and parameter together, split over LibTorch's intra-op threads for large
 /// parameters), instead of up to five LibTorch operations per parameter, each a pass of its own with a dispatch
@@ -49,7 +96,7 @@ int kernel_threads();
 /// ```
 /// dkit::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
 /// ```
-class FusedSGD : public torch::optim::SGD {
+class FusedSGD : public torch::optim::SGD, public FusedOptimizer {
  public:
   /// SGD over `param_groups` with `defaults` for the options a group leaves unset; runs the probe of
   /// fused_sgd_kernel() if this process has not yet.
@@ -60,6 +107,8 @@ class FusedSGD : public torch::optim::SGD {
   /// One SGD update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
   /// returned.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// Begins an SGD step to be run a parameter at a time (see FusedOptimizer).
+  std::optional<FusedStep> begin_step() override;
 };
 
 /// `torch::optim::Adam` whose step() updates each float32 CPU parameter in one pass over its elements (gradient,
@@ -72,7 +121,7 @@ class FusedSGD : public torch::optim::SGD {
 /// ```
 /// dkit::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
 /// ```
-class FusedAdam : public torch::optim::Adam {
+class FusedAdam : public torch::optim::Adam, public FusedOptimizer {
  public:
   /// Adam over `param_groups` with `defaults` for the options a group leaves unset; runs the probe of
   /// fused_adam_kernel() if this process has not yet.
@@ -84,11 +133,13 @@ class FusedAdam : public torch::optim::Adam {
   /// One Adam update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
   /// returned.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// Begins an Adam step to be run a parameter at a time (see FusedOptimizer).
+  std::optional<FusedStep> begin_step() override;
 };
 
 /// `torch::optim::AdamW` (decoupled weight decay) with FusedAdam's one-pass CPU update: bitwise the results of
 /// torch::optim::AdamW, whose state and type it keeps.
-class FusedAdamW : public torch::optim::AdamW {
+class FusedAdamW : public torch::optim::AdamW, public FusedOptimizer {
  public:
   /// AdamW over `param_groups` with `defaults` for the options a group leaves unset; runs the probe of
   /// fused_adam_kernel() if this process has not yet.
@@ -100,6 +151,8 @@ class FusedAdamW : public torch::optim::AdamW {
   /// One AdamW update of every parameter with a gradient; `closure`, when given, is evaluated first and its loss
   /// returned.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// Begins an AdamW step to be run a parameter at a time (see FusedOptimizer).
+  std::optional<FusedStep> begin_step() override;
 };
 
 } // namespace dkit

@@ -2,10 +2,14 @@
 
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
+#include <dkit/train/detail/side_by_side.h>
+#include <dkit/train/optim.h>
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
+#include <optional>
 
 #if DKIT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -73,6 +77,7 @@ struct TrainStep::Direct {
   int64_t rows = -1;
   at::Tensor seed_gradient;
   int64_t seed_samples = 0;
+  bool last_beside = false;
 
   explicit Direct(const Mlp& model) : activation(model->options.activation()) {
     for (const auto& layer : model->layers()) {
@@ -155,10 +160,19 @@ struct TrainStep::Direct {
     }
   }
 
+  // Whether this step's backward pass runs beside the fused optimizer's updates: two intra-op threads, each
+  // taking one of a layer's two products, and a batch small enough that LibTorch's two threads in one product
+  // would spend more on handing work over than the product takes.
+  bool beside(const at::Tensor& features) const {
+    return DKIT_WITH_OPENMP && at::get_num_threads() == 2 && !at::in_parallel_region() &&
+           features.device().is_cpu() && features.size(0) <= kBesideRows;
+  }
+
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
-                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
+                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer, FusedOptimizer* fused) {
     const at::NoGradGuard no_grad;
     const size_t layers = weights.size();
+    TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
     shape_for(features.size(0));
     const at::Tensor* input = &features;
     for (size_t i = 0; i < layers; ++i) {
@@ -179,8 +193,28 @@ struct TrainStep::Direct {
     at::nll_loss_backward_out(grad_log_probs, seed_gradient, log_probs, labels, /*weight=*/{}, at::Reduction::Sum,
                               /*ignore_index=*/-100, total_weight);
     at::_log_softmax_backward_data_out(grad_logits, grad_log_probs, log_probs, 1, log_probs.scalar_type());
+    for (size_t i = 0; i < layers; ++i) {
+      weights[i].mutable_grad() = weight_grads[i];
+      biases[i].mutable_grad() = bias_grads[i];
+    }
+    std::optional<FusedStep> updates;
+    if (fused != nullptr && beside(features)) {
+      updates = fused->begin_step();
+    }
+    last_beside = updates.has_value();
+    if (updates) {
+      return {loss_sum, backward_beside(*updates, features, labels)};
+    }
+    backward(features);
+    optimizer.step();
+    return {loss_sum, correct_count(logits, labels)};
+  }
+
+  // Layer by layer from the last: the gradient of the layer's input (the critical path), then its weight's and
+  // bias's.
+  void backward(const at::Tensor& features) {
     const at::Tensor* grad = &grad_logits;
-    for (size_t i = layers; i-- > 0;) {
+    for (size_t i = weights.size(); i-- > 0;) {
       at::mm_out(weight_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
       at::sum_out(bias_grads[i], *grad, {0});
       if (i == 0) {
@@ -190,13 +224,68 @@ struct TrainStep::Direct {
       activation_backward(i - 1);
       grad = &grad_pre[i - 1];
     }
-    for (size_t i = 0; i < layers; ++i) {
-      weights[i].mutable_grad() = weight_grads[i];
-      biases[i].mutable_grad() = bias_grads[i];
+  }
+
+  // The same operations as backward(), a layer's two products at once on two threads: one takes the input's
+  // gradient and the activation's backward, the other the weight's and bias's gradients, then both share the
+  // update of the layer above, whose weight the first no longer reads. The first layer has no input gradient: its
+  // weight's gradient runs beside its bias's and the second layer's update, then both threads update it.
+  at::Tensor backward_beside(const FusedStep& updates, const at::Tensor& features, const at::Tensor& labels) {
+    const size_t layers = weights.size();
+    std::vector<bool> in_layer(updates.size(), false);
+    const auto layer_blocks = [&](size_t layer, std::vector<detail::UpdateBlock>& blocks) {
+      for (const at::Tensor* parameter : {&weights[layer], &biases[layer]}) {
+        const int64_t index = updates.index_of(*parameter);
+        if (index >= 0) {
+          in_layer[static_cast<size_t>(index)] = true;
+          detail::append_update_blocks(updates, static_cast<size_t>(index), blocks);
+        }
+      }
+    };
+    const at::Tensor& logits = pre.back();
+    at::Tensor correct;
+    const at::Tensor* grad = &grad_logits;
+    std::vector<detail::UpdateBlock> ready;
+    for (size_t i = layers; i-- > 1;) {
+      ready.clear();
+      if (i + 1 < layers) {
+        layer_blocks(i + 1, ready);
+      }
+      detail::run_side_by_side(
+          [&] {
+            at::mm_out(grad_post[i - 1], *grad, weights[i]);
+            activation_backward(i - 1);
+          },
+          [&] {
+            at::mm_out(weight_grads[i], grad->t(), post[i - 1]);
+            at::sum_out(bias_grads[i], *grad, {0});
+            if (i + 1 == layers) {
+              correct = correct_count(logits, labels);
+            }
+          },
+          updates, ready, {});
+      grad = &grad_pre[i - 1];
     }
-    TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
-    optimizer.step();
-    return {loss_sum, correct_count(logits, labels)};
+    ready.clear();
+    std::vector<detail::UpdateBlock> after;
+    if (layers > 1) {
+      layer_blocks(1, ready);
+    }
+    layer_blocks(0, after);
+    for (size_t index = 0; index < updates.size(); ++index) {
+      if (!in_layer[index]) {
+        detail::append_update_blocks(updates, index, ready);
+      }
+    }
+    detail::run_side_by_side([&] { at::mm_out(weight_grads[0], grad->t(), features); },
+                             [&] {
+                               at::sum_out(bias_grads[0], *grad, {0});
+                               if (layers == 1) {
+                                 correct = correct_count(logits, labels);
+                               }
+                             },
+                             updates, ready, after);
+    return correct;
   }
 };
 
@@ -216,7 +305,10 @@ static_assert(sizeof(MlpOptions) == sizeof(KnownMlpOptions),
               "about it, then add it to KnownMlpOptions");
 
 TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer)
-    : model_(std::move(model)), optimizer_(&optimizer), parameters_(model_->parameters()) {
+    : model_(std::move(model)),
+      optimizer_(&optimizer),
+      fused_(dynamic_cast<FusedOptimizer*>(&optimizer)),
+      parameters_(model_->parameters()) {
   if (Direct::supports(model_)) {
     direct_ = std::make_unique<Direct>(model_);
   }
@@ -230,10 +322,17 @@ bool TrainStep::direct() const {
   return direct_ != nullptr;
 }
 
+bool TrainStep::ran_beside() const {
+  return direct_ != nullptr && direct_->last_beside;
+}
+
 StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
   TORCH_CHECK(global_samples > 0, "TrainStep::run needs a positive global_samples, got ", global_samples);
   if (direct_ && direct_->accepts(features, labels)) {
-    return direct_->run(features, labels, global_samples, parameters_, *optimizer_);
+    return direct_->run(features, labels, global_samples, parameters_, *optimizer_, fused_);
+  }
+  if (direct_) {
+    direct_->last_beside = false;
   }
   return run_autograd(features, labels, global_samples);
 }

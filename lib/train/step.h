@@ -16,6 +16,11 @@ class Optimizer;
 
 namespace dkit {
 
+class FusedOptimizer;
+
+/// The largest batch (rows per process) whose backward pass TrainStep runs beside its fused optimizer's updates.
+inline constexpr int64_t kBesideRows = 256;
+
 /// What one training step leaves on the device for a MetricBuffer; nothing is read back.
 struct StepOutput {
   /// The batch's summed cross-entropy: a float32 0-d tensor without gradient.
@@ -32,7 +37,12 @@ struct StepOutput {
 /// autograd would run for it (addmm's, log_softmax's, nll_loss's and the activation's backward formulas), into
 /// buffers reused from step to step: the same values bit for bit, without building and walking an autograd graph
 /// and without allocating each step. The parameters' gradients are then those buffers. With dropout, or inputs
-/// that require gradients, the step is autograd's (gradients set to none, `backward()`). Example:
+/// that require gradients, the step is autograd's (gradients set to none, `backward()`).
+///
+/// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP
+/// builds) and at most kBesideRows rows, the written-out backward runs beside the optimizer's updates: each layer's
+/// two products (its input's gradient, its weight's) at once on the two threads, and each layer's update as soon as
+/// its gradients are final and its weight no longer read. The values are still bitwise those above. Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);
@@ -50,6 +60,9 @@ class TrainStep {
   /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
   bool direct() const;
 
+  /// Whether the last run() took the written-out backward pass beside its optimizer's updates (see the class).
+  bool ran_beside() const;
+
   /// Releases the step's buffers; the parameters keep their last gradients.
   ~TrainStep();
   /// Moves the step; the moved-from one may only be destroyed.
@@ -64,6 +77,7 @@ class TrainStep {
 
   Mlp model_;
   torch::optim::Optimizer* optimizer_;
+  FusedOptimizer* fused_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Direct> direct_;
 };

@@ -3,6 +3,9 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
+#include <dkit/train/detail/side_by_side.h>
+
+#include <stdexcept>
 
 #include "../support.h"
 
@@ -253,6 +256,136 @@ TEST_F(FusedOptimizerTest, IsATorchAdamWhoseStateRoundTripsThroughATrainingCheck
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_TRUE(torch::equal(params[i], resumed_params[i])) << "parameter " << i;
   }
+}
+
+// A step taken a parameter at a time, in another order and in pieces, leaves the parameters and the state bitwise
+// where step() leaves them.
+template <typename Fused, typename Options>
+void expect_split_steps_equal_step(const Options& options) {
+  torch::manual_seed(11);
+  std::vector<at::Tensor> whole_params;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{256, 64}, {256}, {300, 37}, {10}}) {
+    whole_params.push_back(torch::randn(shape).set_requires_grad(true));
+  }
+  std::vector<at::Tensor> split_params;
+  for (const auto& p : whole_params) {
+    split_params.push_back(p.detach().clone().set_requires_grad(true));
+  }
+  Fused whole(whole_params, options);
+  Fused split(split_params, options);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < whole_params.size(); ++i) {
+      const at::Tensor grad = torch::randn_like(whole_params[i]);
+      whole_params[i].mutable_grad() = grad.clone();
+      split_params[i].mutable_grad() = grad.clone();
+    }
+    whole.step();
+    std::optional<FusedStep> updates = split.begin_step();
+    ASSERT_TRUE(updates.has_value());
+    ASSERT_EQ(updates->size(), split_params.size());
+    for (size_t i = updates->size(); i-- > 0;) {
+      const int64_t half = updates->numel(i) / 2;
+      updates->update(i, half, updates->numel(i));
+      updates->update(i, 0, half);
+    }
+  }
+  for (size_t i = 0; i < whole_params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(whole_params[i], split_params[i])) << "parameter " << i;
+  }
+  ASSERT_EQ(whole.state().size(), split.state().size());
+  for (size_t i = 0; i < whole_params.size(); ++i) {
+    using Key = typename std::decay_t<decltype(whole.state())>::key_type;
+    const auto a = whole.state().find(compat::optimizer_state_key<Key>(whole_params[i]));
+    const auto b = split.state().find(compat::optimizer_state_key<Key>(split_params[i]));
+    ASSERT_EQ(a == whole.state().end(), b == split.state().end()) << "state of parameter " << i;
+    if (a == whole.state().end()) {
+      continue;
+    }
+    std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+    if (const auto* x = dynamic_cast<const torch::optim::SGDParamState*>(a->second.get())) {
+      pairs.emplace_back(x->momentum_buffer(),
+                         dynamic_cast<const torch::optim::SGDParamState&>(*b->second).momentum_buffer());
+    } else if (const auto* y = dynamic_cast<const AdamParamState*>(a->second.get())) {
+      const auto& z = dynamic_cast<const AdamParamState&>(*b->second);
+      EXPECT_EQ(y->step(), z.step());
+      pairs = {{y->exp_avg(), z.exp_avg()}, {y->exp_avg_sq(), z.exp_avg_sq()}};
+    } else {
+      const auto& y2 = dynamic_cast<const AdamWParamState&>(*a->second);
+      const auto& z2 = dynamic_cast<const AdamWParamState&>(*b->second);
+      EXPECT_EQ(y2.step(), z2.step());
+      pairs = {{y2.exp_avg(), z2.exp_avg()}, {y2.exp_avg_sq(), z2.exp_avg_sq()}};
+    }
+    for (const auto& [x, y] : pairs) {
+      EXPECT_TRUE(torch::equal(x, y)) << "state of parameter " << i;
+    }
+  }
+}
+
+TEST_F(FusedOptimizerTest, AStepTakenAParameterAtATimeIsBitwiseStep) {
+  expect_split_steps_equal_step<FusedSGD>(torch::optim::SGDOptions(0.1));
+  expect_split_steps_equal_step<FusedSGD>(torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.1).weight_decay(0.01));
+  expect_split_steps_equal_step<FusedSGD>(torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
+  expect_split_steps_equal_step<FusedAdam>(AdamOptions(1e-2).weight_decay(0.01));
+  expect_split_steps_equal_step<FusedAdamW>(AdamWOptions(1e-2).weight_decay(0.01));
+}
+
+TEST_F(FusedOptimizerTest, AStepKnowsItsParametersAndRejectsElementsOutsideThem) {
+  at::Tensor a = torch::ones({4, 4}).set_requires_grad(true);
+  at::Tensor b = torch::ones({3}).set_requires_grad(true);
+  at::Tensor unrelated = torch::ones({4, 4});
+  FusedSGD optimizer({a, b}, torch::optim::SGDOptions(0.5));
+  b.mutable_grad() = torch::ones({3});
+  std::optional<FusedStep> updates = optimizer.begin_step();
+  ASSERT_TRUE(updates.has_value());
+  EXPECT_EQ(updates->size(), 1u) << "a parameter without a gradient is not updated";
+  EXPECT_EQ(updates->index_of(b), 0);
+  EXPECT_EQ(updates->index_of(a), -1);
+  EXPECT_EQ(updates->index_of(unrelated), -1);
+  EXPECT_EQ(updates->numel(0), 3);
+  EXPECT_EQ(test::error_message([&] { updates->update(0, 1, 4); }),
+            "FusedStep::update: elements [1, 4) of parameter 0, which has 3");
+  EXPECT_EQ(test::error_message([&] { updates->numel(1); }), "FusedStep::numel: no parameter 1 in a step of 1");
+  updates->update(0, 0, 3);
+  EXPECT_TRUE(torch::equal(b, torch::full({3}, 0.5f)));
+}
+
+TEST_F(FusedOptimizerTest, BeginStepDeclinesWhatStepLeavesToLibTorchAndChangesNothing) {
+  at::Tensor p = torch::ones({4}).set_requires_grad(true);
+  p.mutable_grad() = torch::ones({4});
+  FusedAdam amsgrad({p}, AdamOptions(0.1).amsgrad(true));
+  EXPECT_FALSE(amsgrad.begin_step().has_value());
+  EXPECT_TRUE(amsgrad.state().empty());
+  at::Tensor wide = torch::ones({4}, torch::kDouble).set_requires_grad(true);
+  wide.mutable_grad() = torch::ones({4}, torch::kDouble);
+  FusedSGD sgd({wide}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  EXPECT_FALSE(sgd.begin_step().has_value());
+  EXPECT_TRUE(sgd.state().empty());
+}
+
+// A task that throws ends the run with its exception, even while the other thread waits to run the updates that
+// follow both tasks.
+TEST_F(FusedOptimizerTest, ATaskThatThrowsEndsTheSideBySideRunWithItsError) {
+  const int previous = at::get_num_threads();
+  at::set_num_threads(2);
+  at::Tensor p = torch::zeros({20000}).set_requires_grad(true);
+  p.mutable_grad() = torch::ones({20000});
+  FusedSGD optimizer({p}, torch::optim::SGDOptions(1.0));
+  const std::optional<FusedStep> updates = optimizer.begin_step();
+  ASSERT_TRUE(updates.has_value());
+  std::vector<detail::UpdateBlock> after;
+  detail::append_update_blocks(*updates, 0, after);
+  EXPECT_GT(after.size(), 1u);
+  for (const bool first_throws : {true, false}) {
+    const std::string message = test::error_message([&] {
+      detail::run_side_by_side([&] { if (first_throws) { throw std::runtime_error("the first task failed"); } },
+                               [&] { if (!first_throws) { throw std::runtime_error("the second task failed"); } },
+                               *updates, {}, after);
+    });
+    EXPECT_EQ(message, first_throws ? "the first task failed" : "the second task failed");
+  }
+  detail::run_side_by_side([] {}, [] {}, *updates, {}, after);
+  at::set_num_threads(previous);
+  EXPECT_TRUE(torch::equal(p, torch::full({20000}, -1.0f))) << "every element updated once";
 }
 
 } // namespace

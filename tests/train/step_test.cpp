@@ -1,5 +1,6 @@
 #include <dkit/train/step.h>
 
+#include <dkit/config.h>
 #include <dkit/device/device.h>
 #include <dkit/train/optim.h>
 
@@ -126,6 +127,103 @@ TEST_F(TrainStepTest, TheHandWrittenBackwardRefusesModelsItDoesNotKnow) {
   Mlp extra_buffer = model();
   extra_buffer->register_buffer("running", torch::zeros({5}));
   EXPECT_FALSE(direct_for(extra_buffer));
+}
+
+// The backward pass beside the fused optimizers' updates, at the benchmark's shapes (where two threads split
+// OpenBLAS's products) and at an odd batch: bitwise the textbook loop with LibTorch's own optimizer, every form of
+// SGD, Adam and AdamW.
+template <typename Reference, typename Fused, typename Options>
+void expect_beside_steps(const Options& options, int64_t rows, bool beside) {
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto make = [] {
+    torch::manual_seed(5);
+    return Mlp(MlpOptions(64, {256, 256}, 10));
+  };
+  Mlp reference = make();
+  Mlp stepped = make();
+  Reference reference_optimizer(reference->parameters(), options);
+  Fused optimizer(stepped->parameters(), options);
+  TrainStep step(stepped, optimizer);
+  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (int index = 0; index < 4; ++index) {
+    const at::Tensor x = torch::randn({rows, 64});
+    const at::Tensor y = torch::randint(0, 10, {rows});
+    reference_optimizer.zero_grad();
+    const at::Tensor logits = reference->forward(x);
+    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, y, sum);
+    (loss_sum / static_cast<double>(rows)).backward();
+    reference_optimizer.step();
+    const StepOutput out = step.run(x, y, rows);
+    EXPECT_EQ(step.ran_beside(), beside) << "step " << index;
+    EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
+    EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(y).sum().item<int64_t>()) << "step " << index;
+  }
+  at::set_num_threads(previous_threads);
+  const auto pa = reference->parameters();
+  const auto pb = stepped->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  }
+}
+
+TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseTheTextbookLoopForEveryOptimizer) {
+  using torch::optim::SGDOptions;
+  const bool beside = DKIT_WITH_OPENMP == 1;
+  for (const int64_t rows : {64, 37}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05), rows, beside);
+    expect_beside_steps<torch::optim::SGD, FusedSGD>(
+        SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(5e-4), rows, beside);
+    expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4),
+                                                     rows, beside);
+    expect_beside_steps<torch::optim::Adam, FusedAdam>(torch::optim::AdamOptions(1e-3).weight_decay(1e-2), rows,
+                                                       beside);
+    expect_beside_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3).weight_decay(1e-2), rows,
+                                                         beside);
+  }
+  expect_beside_steps<torch::optim::Adam, FusedAdam>(torch::optim::AdamOptions(1e-3), kBesideRows + 1, false);
+}
+
+TEST_F(TrainStepTest, OnlyAFusedOptimizerOnTwoThreadsRunsBesideTheBackwardPass) {
+  const int previous_threads = at::get_num_threads();
+  const auto [x, y] = batches(1, 8).front();
+  Mlp net = model();
+  torch::optim::Adam plain(net->parameters(), torch::optim::AdamOptions(1e-3));
+  TrainStep plain_step(net, plain);
+  FusedAdam fused(net->parameters(), torch::optim::AdamOptions(1e-3));
+  TrainStep fused_step(net, fused);
+  at::set_num_threads(2);
+  plain_step.run(x, y, 8);
+  fused_step.run(x, y, 8);
+  const bool plain_beside = plain_step.ran_beside();
+  const bool fused_beside = fused_step.ran_beside();
+  at::set_num_threads(1);
+  fused_step.run(x, y, 8);
+  const bool one_thread_beside = fused_step.ran_beside();
+  at::set_num_threads(previous_threads);
+  EXPECT_FALSE(plain_beside);
+  EXPECT_EQ(fused_beside, DKIT_WITH_OPENMP == 1);
+  EXPECT_FALSE(one_thread_beside);
+}
+
+// A parameter the optimizer holds beside the model's is updated too, after the layers' own.
+TEST_F(TrainStepTest, TheBesideStepAlsoUpdatesParametersOutsideTheModel) {
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(2);
+  Mlp net = model();
+  at::Tensor extra = torch::zeros({5}).set_requires_grad(true);
+  extra.mutable_grad() = torch::ones({5});
+  auto params = net->parameters();
+  params.push_back(extra);
+  FusedSGD optimizer(params, torch::optim::SGDOptions(0.5));
+  TrainStep step(net, optimizer);
+  const auto [x, y] = batches(1, 8).front();
+  step.run(x, y, 8);
+  const bool beside = step.ran_beside();
+  at::set_num_threads(previous_threads);
+  EXPECT_EQ(beside, DKIT_WITH_OPENMP == 1);
+  EXPECT_TRUE(torch::equal(extra, torch::full({5}, -0.5f)));
 }
 
 TEST_F(TrainStepTest, CountsCorrectRowsAsArgmaxDoesWithTiesAndNaN) {
