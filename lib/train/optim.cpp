@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -122,6 +123,12 @@ std::shared_ptr<FusedStep::Slots> begin_adam_step(std::vector<torch::optim::Opti
   if (kernel == FusedKernel::kNone) {
     return nullptr;
   }
+  struct Entry {
+    const Options* options;
+    at::Tensor* param;
+    Key key;
+  };
+  std::vector<Entry> entries;
   for (auto& group : groups) {
     const auto& options = static_cast<const Options&>(group.options());
     for (auto& p : group.params()) {
@@ -132,38 +139,34 @@ std::shared_ptr<FusedStep::Slots> begin_adam_step(std::vector<torch::optim::Opti
       if (options.amsgrad() || !eligible(p, p) || !eligible(grad, p)) {
         return nullptr;
       }
-      const auto found = states.find(compat::optimizer_state_key<Key>(p));
+      Key key = compat::optimizer_state_key<Key>(p);
+      const auto found = states.find(key);
       if (found != states.end()) {
         const auto& state = static_cast<const State&>(*found->second);
         if (!eligible(state.exp_avg(), p) || !eligible(state.exp_avg_sq(), p)) {
           return nullptr;
         }
       }
+      entries.push_back({&options, &p, std::move(key)});
     }
   }
   auto slots = std::make_shared<FusedStep::Slots>(kernel);
-  for (auto& group : groups) {
-    const auto& options = static_cast<const Options&>(group.options());
-    for (auto& p : group.params()) {
-      const at::Tensor& grad = p.grad();
-      if (!grad.defined()) {
-        continue;
-      }
-      auto& entry = states[compat::optimizer_state_key<Key>(p)];
-      if (!entry) {
-        auto fresh = std::make_unique<State>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        entry = std::move(fresh);
-      }
-      auto& state = static_cast<State&>(*entry);
-      state.step(state.step() + 1);
-      slots->params.push_back(p.unsafeGetTensorImpl());
-      slots->adam.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), state.exp_avg().template data_ptr<float>(),
-                             state.exp_avg_sq().template data_ptr<float>(), p.numel(),
-                             constants_for(options, state.step(), decoupled)});
+  for (Entry& e : entries) {
+    at::Tensor& p = *e.param;
+    auto& entry = states[std::move(e.key)];
+    if (!entry) {
+      auto fresh = std::make_unique<State>();
+      fresh->step(0);
+      fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      entry = std::move(fresh);
     }
+    auto& state = static_cast<State&>(*entry);
+    state.step(state.step() + 1);
+    slots->params.push_back(p.unsafeGetTensorImpl());
+    slots->adam.push_back({p.data_ptr<float>(), p.grad().data_ptr<float>(), state.exp_avg().template data_ptr<float>(),
+                           state.exp_avg_sq().template data_ptr<float>(), p.numel(),
+                           constants_for(*e.options, state.step(), decoupled)});
   }
   return slots;
 }
@@ -191,6 +194,12 @@ std::shared_ptr<FusedStep::Slots> begin_sgd_step(std::vector<torch::optim::Optim
   if (kernel == FusedKernel::kNone) {
     return nullptr;
   }
+  struct Entry {
+    const torch::optim::SGDOptions* options;
+    at::Tensor* param;
+    std::optional<Key> key;
+  };
+  std::vector<Entry> entries;
   for (auto& group : groups) {
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
     for (auto& p : group.params()) {
@@ -201,39 +210,36 @@ std::shared_ptr<FusedStep::Slots> begin_sgd_step(std::vector<torch::optim::Optim
       if (!eligible(p, p) || !eligible(grad, p)) {
         return nullptr;
       }
+      std::optional<Key> key;
       if (options.momentum() != 0) {
-        const auto found = states.find(compat::optimizer_state_key<Key>(p));
+        key = compat::optimizer_state_key<Key>(p);
+        const auto found = states.find(*key);
         if (found != states.end() &&
             !eligible(static_cast<const torch::optim::SGDParamState&>(*found->second).momentum_buffer(), p)) {
           return nullptr;
         }
       }
+      entries.push_back({&options, &p, std::move(key)});
     }
   }
   auto slots = std::make_shared<FusedStep::Slots>(kernel);
-  for (auto& group : groups) {
-    const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
-    for (auto& p : group.params()) {
-      const at::Tensor& grad = p.grad();
-      if (!grad.defined()) {
-        continue;
+  for (Entry& e : entries) {
+    at::Tensor& p = *e.param;
+    float* buffer = nullptr;
+    bool first = false;
+    if (e.key) {
+      auto& entry = states[std::move(*e.key)];
+      if (!entry) {
+        auto fresh = std::make_unique<torch::optim::SGDParamState>();
+        fresh->momentum_buffer(at::empty_like(p, at::MemoryFormat::Contiguous));
+        entry = std::move(fresh);
+        first = true;
       }
-      float* buffer = nullptr;
-      bool first = false;
-      if (options.momentum() != 0) {
-        auto& entry = states[compat::optimizer_state_key<Key>(p)];
-        if (!entry) {
-          auto fresh = std::make_unique<torch::optim::SGDParamState>();
-          fresh->momentum_buffer(at::empty_like(p, at::MemoryFormat::Contiguous));
-          entry = std::move(fresh);
-          first = true;
-        }
-        buffer = static_cast<torch::optim::SGDParamState&>(*entry).momentum_buffer().data_ptr<float>();
-      }
-      slots->params.push_back(p.unsafeGetTensorImpl());
-      slots->sgd.push_back({p.data_ptr<float>(), grad.data_ptr<float>(), buffer, p.numel(),
-                            sgd_constants_for(options, first)});
+      buffer = static_cast<torch::optim::SGDParamState&>(*entry).momentum_buffer().data_ptr<float>();
     }
+    slots->params.push_back(p.unsafeGetTensorImpl());
+    slots->sgd.push_back({p.data_ptr<float>(), p.grad().data_ptr<float>(), buffer, p.numel(),
+                          sgd_constants_for(*e.options, first)});
   }
   return slots;
 }
