@@ -143,10 +143,11 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
       }() +
       ", " + std::to_string(threads) + " CPU thread(s): dkit = dkit::TrainStep with dkit's fused optimizer "
       "(FusedSGD, FusedAdam, FusedAdamW) on device-resident batches from dkit::Loader, metrics on the device "
-      "flushed every " + std::to_string(detail::kLogEvery) + " steps, as dkit train runs it; "
+      "flushed every " + std::to_string(detail::kLogEvery) + " steps, as dkit train runs it (on 2 threads and at most " +
+      std::to_string(kBesideRows) + " rows, its backward pass beside the optimizer's updates); "
       "dkit/libtorch-optimizer = the same with LibTorch's own optimizer; " + kLimit + " = the step's matrix "
-      "products alone at the same shapes and layouts (per layer the forward product, the weight gradient and, but "
-      "for the first layer, the input gradient), the limit a step cannot beat; samples of `steps` steps taken in "
+      "products alone, one after another, at the same shapes and layouts (per layer the forward product, the "
+      "weight gradient and, but for the first layer, the input gradient); samples of `steps` steps taken in "
       "turns, " + std::to_string(repeat) + " times; vs_limit = median / the limit's median; vs_pytorch = "
       "samples_per_s / PyTorch's";
   result.table = std::move(table);
