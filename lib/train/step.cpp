@@ -7,7 +7,6 @@
 
 #include <torch/torch.h>
 
-#include <array>
 #include <cmath>
 #include <optional>
 
