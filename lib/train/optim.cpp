@@ -244,14 +244,8 @@ std::shared_ptr<FusedStep::Slots> begin_sgd_step(std::vector<torch::optim::Optim
   return slots;
 }
 
-// Runs every update of `slots`, split over LibTorch's intra-op threads as run_slots splits them.
-void run_all(const FusedStep::Slots& slots) {
-  if (!slots.sgd.empty()) {
-    run_slots(slots.sgd, slots.kernel);
-  }
-  if (!slots.adam.empty()) {
-    run_slots(slots.adam, slots.kernel);
-  }
+std::optional<FusedStep> fused_step(std::shared_ptr<const FusedStep::Slots> slots) {
+  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
 }
 
 at::Tensor probe_values(int64_t n, double frequency, double scale, double offset) {
@@ -475,8 +469,8 @@ FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOpt
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
   return closure_then(closure, [this] {
-    if (const auto slots = begin_sgd_step(param_groups_, state_, fused_sgd_kernel())) {
-      run_all(*slots);
+    if (const std::optional<FusedStep> updates = begin_step()) {
+      updates->run();
     } else {
       torch::optim::SGD::step();
     }
@@ -484,15 +478,13 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
 }
 
 std::optional<FusedStep> FusedSGD::begin_step() {
-  auto slots = begin_sgd_step(param_groups_, state_, fused_sgd_kernel());
-  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
+  return fused_step(begin_sgd_step(param_groups_, state_, fused_sgd_kernel()));
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
   return closure_then(closure, [this] {
-    if (const auto slots = begin_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
-            param_groups_, state_, /*decoupled=*/false, fused_adam_kernel())) {
-      run_all(*slots);
+    if (const std::optional<FusedStep> updates = begin_step()) {
+      updates->run();
     } else {
       torch::optim::Adam::step();
     }
@@ -500,16 +492,14 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
 }
 
 std::optional<FusedStep> FusedAdam::begin_step() {
-  auto slots = begin_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
-      param_groups_, state_, /*decoupled=*/false, fused_adam_kernel());
-  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
+  return fused_step(begin_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
+      param_groups_, state_, /*decoupled=*/false, fused_adam_kernel()));
 }
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   return closure_then(closure, [this] {
-    if (const auto slots = begin_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
-            param_groups_, state_, /*decoupled=*/true, fused_adam_kernel())) {
-      run_all(*slots);
+    if (const std::optional<FusedStep> updates = begin_step()) {
+      updates->run();
     } else {
       torch::optim::AdamW::step();
     }
@@ -517,9 +507,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
 }
 
 std::optional<FusedStep> FusedAdamW::begin_step() {
-  auto slots = begin_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
-      param_groups_, state_, /*decoupled=*/true, fused_adam_kernel());
-  return slots ? std::optional<FusedStep>(FusedStep(std::move(slots))) : std::nullopt;
+  return fused_step(begin_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+      param_groups_, state_, /*decoupled=*/true, fused_adam_kernel()));
 }
 
 FusedStep::FusedStep(std::shared_ptr<const Slots> slots) : slots_(std::move(slots)) {
@@ -541,6 +530,15 @@ int64_t FusedStep::index_of(const at::Tensor& parameter) const {
 int64_t FusedStep::numel(size_t index) const {
   TORCH_CHECK(index < size(), "FusedStep::numel: no parameter ", index, " in a step of ", size());
   return slots_->sgd.empty() ? slots_->adam[index].numel : slots_->sgd[index].numel;
+}
+
+void FusedStep::run() const {
+  if (!slots_->sgd.empty()) {
+    run_slots(slots_->sgd, slots_->kernel);
+  }
+  if (!slots_->adam.empty()) {
+    run_slots(slots_->adam, slots_->kernel);
+  }
 }
 
 void FusedStep::update(size_t index, int64_t begin, int64_t end) const {

@@ -64,6 +64,8 @@ class FusedStep {
   int64_t numel(size_t index) const;
   /// Updates elements [begin, end) of the parameter at `index` (and of its state) on the calling thread.
   void update(size_t index, int64_t begin, int64_t end) const;
+  /// Runs every update, split over LibTorch's intra-op threads as step() splits them.
+  void run() const;
 
   /// The step's parameters and their kernels' arguments; internal to dkit.
   struct Slots;
