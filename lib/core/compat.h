@@ -9,7 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <sstream>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,14 +30,14 @@ namespace dkit::compat {
 constexpr size_t kAggregateStat = 0;
 
 /// The key under which `torch::optim::Optimizer::state()` keeps a parameter's state: the address of the
-/// parameter's TensorImpl printed to a string in 1.13 (`c10::guts::to_string`), the address itself in 2.x. `Key`
-/// is the state map's `key_type`.
+/// parameter's TensorImpl printed to a string in 1.13 (`c10::guts::to_string`, an ostream's `0x…`, which `%p`
+/// prints without the stream's cost), the address itself in 2.x. `Key` is the state map's `key_type`.
 template <typename Key, typename TensorType>
 Key optimizer_state_key(const TensorType& param) {
   if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;
-    out << param.unsafeGetTensorImpl();
-    return out.str();
+    char text[32];
+    std::snprintf(text, sizeof text, "%p", static_cast<const void*>(param.unsafeGetTensorImpl()));
+    return text;
   } else {
     return param.unsafeGetTensorImpl();
   }

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <optional>
 
@@ -65,7 +66,8 @@ struct TrainStep::Direct {
   std::vector<at::Tensor> weight_grads;
   std::vector<at::Tensor> bias_grads;
   // Per layer: the output of addmm, then of the activation (the same tensor when it is applied in place), and
-  // the gradients with respect to both.
+  // the gradients with respect to both (always the same tensor: the activation's backward, element by element,
+  // overwrites the gradient it reads).
   std::vector<at::Tensor> pre;
   std::vector<at::Tensor> post;
   std::vector<at::Tensor> grad_pre;
@@ -73,6 +75,24 @@ struct TrainStep::Direct {
   at::Tensor log_probs;
   at::Tensor grad_log_probs;
   at::Tensor grad_logits;
+  // nll_loss_backward's total_weight, which the sum reduction does not read.
+  at::Tensor sum_total_weight;
+  // Views made once per batch shape, since making a view costs as much as a small operation: the loss's buffers
+  // for all rows and for each half, each layer's output gradient transposed, and each half of the first layer's
+  // weight gradient with the rows of that transpose it needs.
+  struct LossRows {
+    int64_t begin = 0;
+    int64_t count = 0;
+    at::Tensor logits;
+    at::Tensor log_probs;
+    at::Tensor grad_log_probs;
+    at::Tensor grad_logits;
+  };
+  LossRows all_rows;
+  std::array<LossRows, 2> half_rows;
+  std::vector<at::Tensor> output_grads_t;
+  std::array<at::Tensor, 2> first_weight_grad_halves;
+  std::array<at::Tensor, 2> first_output_grad_t_halves;
   int64_t rows = -1;
   at::Tensor seed_gradient;
   int64_t seed_samples = 0;
@@ -90,12 +110,13 @@ struct TrainStep::Direct {
     for (size_t i = 0; i < layers; ++i) {
       pre.push_back(at::empty({0}, options));
       post.push_back(activation == Activation::kGELU ? at::empty({0}, options) : pre[i]);
-      grad_pre.push_back(at::empty({0}, options));
       grad_post.push_back(at::empty({0}, options));
+      grad_pre.push_back(grad_post[i]);
     }
     log_probs = at::empty({0}, options);
     grad_log_probs = at::empty({0}, options);
     grad_logits = at::empty({0}, options);
+    sum_total_weight = at::zeros({}, options);
   }
 
   // Gives every buffer its shape for batches of `n` rows, so that the `_out` calls neither reallocate nor warn.
@@ -113,6 +134,27 @@ struct TrainStep::Direct {
     for (at::Tensor* buffer : {&log_probs, &grad_log_probs, &grad_logits}) {
       buffer->resize_({n, weights.back().size(0)});
     }
+    const auto loss_rows = [&](int64_t begin, int64_t count) {
+      const auto part = [&](const at::Tensor& tensor) { return tensor.narrow(0, begin, count); };
+      return LossRows{begin, count, part(pre.back()), part(log_probs), part(grad_log_probs), part(grad_logits)};
+    };
+    all_rows = loss_rows(0, n);
+    half_rows = {loss_rows(0, (n + 1) / 2), loss_rows((n + 1) / 2, n / 2)};
+    output_grads_t.clear();
+    for (size_t i = 0; i < weights.size(); ++i) {
+      output_grads_t.push_back(output_grad(i).t());
+    }
+    const int64_t width = weights.front().size(0);
+    const int64_t top = (width + 1) / 2;
+    first_weight_grad_halves = {weight_grads.front().narrow(0, 0, top),
+                                weight_grads.front().narrow(0, top, width - top)};
+    first_output_grad_t_halves = {output_grads_t.front().narrow(0, 0, top),
+                                  output_grads_t.front().narrow(0, top, width - top)};
+  }
+
+  // The gradient with respect to layer `layer`'s output (before its activation).
+  const at::Tensor& output_grad(size_t layer) const {
+    return layer + 1 == weights.size() ? grad_logits : grad_pre[layer];
   }
 
   // The models the hand-written backward implements, and nothing else: every field of MlpOptions at a value it
@@ -181,17 +223,10 @@ struct TrainStep::Direct {
         input = &post[i];
       }
     }
-    const at::Tensor& logits = pre.back();
-    at::_log_softmax_out(log_probs, logits, 1, /*half_to_float=*/false);
-    const auto [loss_sum, total_weight] =
-        at::nll_loss_forward(log_probs, labels, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
     if (seed_samples != global_samples) {
-      seed_gradient = mean_gradient(loss_sum, global_samples);
+      seed_gradient = mean_gradient(pre.back(), global_samples);
       seed_samples = global_samples;
     }
-    at::nll_loss_backward_out(grad_log_probs, seed_gradient, log_probs, labels, /*weight=*/{}, at::Reduction::Sum,
-                              /*ignore_index=*/-100, total_weight);
-    at::_log_softmax_backward_data_out(grad_logits, grad_log_probs, log_probs, 1, log_probs.scalar_type());
     for (size_t i = 0; i < layers; ++i) {
       weights[i].mutable_grad() = weight_grads[i];
       biases[i].mutable_grad() = bias_grads[i];
@@ -202,11 +237,32 @@ struct TrainStep::Direct {
     }
     last_beside = updates.has_value();
     if (updates) {
-      return {loss_sum, backward_beside(*updates, features, labels)};
+      return backward_beside(*updates, features, labels);
     }
+    loss_gradient(all_rows, labels);
     backward(features);
     optimizer.step();
-    return {loss_sum, correct_count(logits, labels)};
+    return {loss_sum(labels), correct_count(pre.back(), labels)};
+  }
+
+  // The batch's summed cross-entropy, from the log-probabilities.
+  at::Tensor loss_sum(const at::Tensor& labels) const {
+    return std::get<0>(
+        at::nll_loss_forward(log_probs, labels, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100));
+  }
+
+  // log_softmax of the logits, then the gradient of the loss with respect to them (nll_loss's backward, then
+  // log_softmax's), for the rows of `part`: each of the three works row by row.
+  void loss_gradient(LossRows& part, const at::Tensor& labels) {
+    if (part.count == 0) {
+      return;
+    }
+    at::_log_softmax_out(part.log_probs, part.logits, 1, /*half_to_float=*/false);
+    at::nll_loss_backward_out(part.grad_log_probs, seed_gradient, part.log_probs,
+                              part.count == rows ? labels : labels.narrow(0, part.begin, part.count), /*weight=*/{},
+                              at::Reduction::Sum, /*ignore_index=*/-100, sum_total_weight);
+    at::_log_softmax_backward_data_out(part.grad_logits, part.grad_log_probs, part.log_probs, 1,
+                                       log_probs.scalar_type());
   }
 
   // Layer by layer from the last: the gradient of the layer's input (the critical path), then its weight's and
@@ -225,11 +281,13 @@ struct TrainStep::Direct {
     }
   }
 
-  // The same operations as backward(), a layer's two products at once on two threads: one takes the input's
-  // gradient and the activation's backward, the other the weight's and bias's gradients, then both share the
-  // update of the layer above, whose weight the first no longer reads. The first layer has no input gradient: its
-  // weight's gradient runs beside its bias's and the second layer's update, then both threads update it.
-  at::Tensor backward_beside(const FusedStep& updates, const at::Tensor& features, const at::Tensor& labels) {
+  // The same operations as loss_gradient() and backward() in one side-by-side run: the loss's gradient, half the
+  // rows on each thread; then for each layer from the last, one thread takes the input's gradient and the
+  // activation's backward, the other the weight's and bias's gradients (and, for the last layer, the step's
+  // outputs), and both share the update of the layer above, whose weight the first no longer reads. The first layer
+  // has no input gradient: each thread takes half the rows of its weight's gradient, the second its bias's too, and
+  // both share the second layer's update and then its own.
+  StepOutput backward_beside(const FusedStep& updates, const at::Tensor& features, const at::Tensor& labels) {
     const size_t layers = weights.size();
     std::vector<bool> in_layer(updates.size(), false);
     const auto layer_blocks = [&](size_t layer, std::vector<detail::UpdateBlock>& blocks) {
@@ -241,50 +299,53 @@ struct TrainStep::Direct {
         }
       }
     };
-    const at::Tensor& logits = pre.back();
-    at::Tensor correct;
-    const at::Tensor* grad = &grad_logits;
-    std::vector<detail::UpdateBlock> ready;
+    StepOutput out;
+    const auto outputs = [&] {
+      out.loss_sum = loss_sum(labels);
+      out.correct = correct_count(pre.back(), labels);
+    };
+    std::vector<detail::SidePhase> phases(layers + 1);
+    phases[0].first = [&] { loss_gradient(half_rows[0], labels); };
+    phases[0].second = [&] { loss_gradient(half_rows[1], labels); };
     for (size_t i = layers; i-- > 1;) {
-      ready.clear();
+      detail::SidePhase& phase = phases[layers - i];
+      phase.first = [this, i] {
+        at::mm_out(grad_post[i - 1], output_grad(i), weights[i]);
+        activation_backward(i - 1);
+      };
+      phase.second = [&, i] {
+        at::mm_out(weight_grads[i], output_grads_t[i], post[i - 1]);
+        at::sum_out(bias_grads[i], output_grad(i), {0});
+        if (i + 1 == layers) {
+          outputs();
+        }
+      };
       if (i + 1 < layers) {
-        layer_blocks(i + 1, ready);
+        layer_blocks(i + 1, phase.ready);
       }
-      detail::run_side_by_side(
-          [&] {
-            at::mm_out(grad_post[i - 1], *grad, weights[i]);
-            activation_backward(i - 1);
-          },
-          [&] {
-            at::mm_out(weight_grads[i], grad->t(), post[i - 1]);
-            at::sum_out(bias_grads[i], *grad, {0});
-            if (i + 1 == layers) {
-              correct = correct_count(logits, labels);
-            }
-          },
-          updates, ready, {});
-      grad = &grad_pre[i - 1];
     }
-    ready.clear();
-    std::vector<detail::UpdateBlock> after;
+    detail::SidePhase& last = phases.back();
     if (layers > 1) {
-      layer_blocks(1, ready);
+      layer_blocks(1, last.ready);
     }
-    layer_blocks(0, after);
+    layer_blocks(0, last.after);
     for (size_t index = 0; index < updates.size(); ++index) {
       if (!in_layer[index]) {
-        detail::append_update_blocks(updates, index, ready);
+        detail::append_update_blocks(updates, index, last.ready);
       }
     }
-    detail::run_side_by_side([&] { at::mm_out(weight_grads[0], grad->t(), features); },
-                             [&] {
-                               at::sum_out(bias_grads[0], *grad, {0});
-                               if (layers == 1) {
-                                 correct = correct_count(logits, labels);
-                               }
-                             },
-                             updates, ready, after);
-    return correct;
+    last.first = [&] { at::mm_out(first_weight_grad_halves[0], first_output_grad_t_halves[0], features); };
+    last.second = [&] {
+      if (first_weight_grad_halves[1].size(0) > 0) {
+        at::mm_out(first_weight_grad_halves[1], first_output_grad_t_halves[1], features);
+      }
+      at::sum_out(bias_grads[0], output_grad(0), {0});
+      if (layers == 1) {
+        outputs();
+      }
+    };
+    detail::run_side_by_side(phases, updates);
+    return out;
   }
 };
 

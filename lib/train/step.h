@@ -40,9 +40,11 @@ struct StepOutput {
 /// that require gradients, the step is autograd's (gradients set to none, `backward()`).
 ///
 /// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP
-/// builds) and at most kBesideRows rows, the written-out backward runs beside the optimizer's updates: each layer's
-/// two products (its input's gradient, its weight's) at once on the two threads, and each layer's update as soon as
-/// its gradients are final and its weight no longer read. The values are still bitwise those above. Example:
+/// builds) and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
+/// optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its input's
+/// gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each, and
+/// each layer's update as soon as its gradients are final and its weight no longer read. The values are still
+/// bitwise those above. Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);

@@ -5,6 +5,7 @@
 #include <dkit/core/compat.h>
 #include <dkit/train/detail/side_by_side.h>
 
+#include <atomic>
 #include <stdexcept>
 
 #include "../support.h"
@@ -363,7 +364,7 @@ TEST_F(FusedOptimizerTest, BeginStepDeclinesWhatStepLeavesToLibTorchAndChangesNo
 }
 
 // A task that throws ends the run with its exception, even while the other thread waits to run the updates that
-// follow both tasks.
+// follow both tasks, and no later phase runs.
 TEST_F(FusedOptimizerTest, ATaskThatThrowsEndsTheSideBySideRunWithItsError) {
   const int previous = at::get_num_threads();
   at::set_num_threads(2);
@@ -372,20 +373,55 @@ TEST_F(FusedOptimizerTest, ATaskThatThrowsEndsTheSideBySideRunWithItsError) {
   FusedSGD optimizer({p}, torch::optim::SGDOptions(1.0));
   const std::optional<FusedStep> updates = optimizer.begin_step();
   ASSERT_TRUE(updates.has_value());
-  std::vector<detail::UpdateBlock> after;
-  detail::append_update_blocks(*updates, 0, after);
-  EXPECT_GT(after.size(), 1u);
+  std::vector<detail::SidePhase> phases(2);
+  detail::append_update_blocks(*updates, 0, phases[0].after);
+  EXPECT_GT(phases[0].after.size(), 1u);
+  std::atomic<int> later_phases{0};
+  phases[1].first = [&] { ++later_phases; };
+  phases[1].second = [&] { ++later_phases; };
   for (const bool first_throws : {true, false}) {
-    const std::string message = test::error_message([&] {
-      detail::run_side_by_side([&] { if (first_throws) { throw std::runtime_error("the first task failed"); } },
-                               [&] { if (!first_throws) { throw std::runtime_error("the second task failed"); } },
-                               *updates, {}, after);
-    });
+    phases[0].first = [&] { if (first_throws) { throw std::runtime_error("the first task failed"); } };
+    phases[0].second = [&] { if (!first_throws) { throw std::runtime_error("the second task failed"); } };
+    const std::string message = test::error_message([&] { detail::run_side_by_side(phases, *updates); });
     EXPECT_EQ(message, first_throws ? "the first task failed" : "the second task failed");
   }
-  detail::run_side_by_side([] {}, [] {}, *updates, {}, after);
+  EXPECT_EQ(later_phases.load(), 0);
+  phases[0].first = nullptr;
+  phases[0].second = nullptr;
+  detail::run_side_by_side(phases, *updates);
   at::set_num_threads(previous);
+  EXPECT_EQ(later_phases.load(), 2);
   EXPECT_TRUE(torch::equal(p, torch::full({20000}, -1.0f))) << "every element updated once";
+}
+
+// Each phase begins once all of the one before has run, its updates included: a task reads what the other thread
+// wrote in the phase before, and the parameter as that phase's updates left it. With one thread the phases run in
+// the same order.
+TEST_F(FusedOptimizerTest, SideBySidePhasesRunInOrderAndSeeEachOthersWork) {
+  const int previous = at::get_num_threads();
+  for (const int threads : {2, 1}) {
+    at::set_num_threads(threads);
+    at::Tensor p = torch::zeros({30000}).set_requires_grad(true);
+    p.mutable_grad() = torch::ones({30000});
+    FusedSGD optimizer({p}, torch::optim::SGDOptions(0.5));
+    const std::optional<FusedStep> updates = optimizer.begin_step();
+    ASSERT_TRUE(updates.has_value());
+    std::vector<int> written(2, 0);
+    std::vector<int> seen(2, -1);
+    at::Tensor after_updates;
+    std::vector<detail::SidePhase> phases(3);
+    phases[0].first = [&] { written[0] = 10; };
+    phases[0].second = [&] { written[1] = 20; };
+    detail::append_update_blocks(*updates, 0, phases[0].ready);
+    phases[1].first = [&] { seen[0] = written[1]; };
+    phases[1].second = [&] { seen[1] = written[0]; };
+    phases[2].second = [&] { after_updates = p.detach().clone(); };
+    detail::run_side_by_side(phases, *updates);
+    EXPECT_EQ(seen, (std::vector<int>{20, 10})) << threads << " threads";
+    ASSERT_TRUE(after_updates.defined()) << threads << " threads";
+    EXPECT_TRUE(torch::equal(after_updates, torch::full({30000}, -0.5f))) << threads << " threads";
+  }
+  at::set_num_threads(previous);
 }
 
 } // namespace

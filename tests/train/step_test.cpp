@@ -129,16 +129,16 @@ TEST_F(TrainStepTest, TheHandWrittenBackwardRefusesModelsItDoesNotKnow) {
   EXPECT_FALSE(direct_for(extra_buffer));
 }
 
-// The backward pass beside the fused optimizers' updates, at the benchmark's shapes (where two threads split
-// OpenBLAS's products) and at an odd batch: bitwise the textbook loop with LibTorch's own optimizer, every form of
-// SGD, Adam and AdamW.
+// The backward pass beside the fused optimizers' updates, by default at the benchmark's shapes (where two threads
+// split OpenBLAS's products): bitwise the textbook loop with LibTorch's own optimizer.
 template <typename Reference, typename Fused, typename Options>
-void expect_beside_steps(const Options& options, int64_t rows, bool beside) {
+void expect_beside_steps(const Options& options, int64_t rows, bool beside,
+                         const MlpOptions& shape = MlpOptions(64, {256, 256}, 10)) {
   const int previous_threads = at::get_num_threads();
   at::set_num_threads(2);
-  const auto make = [] {
+  const auto make = [&] {
     torch::manual_seed(5);
-    return Mlp(MlpOptions(64, {256, 256}, 10));
+    return Mlp(shape);
   };
   Mlp reference = make();
   Mlp stepped = make();
@@ -147,8 +147,8 @@ void expect_beside_steps(const Options& options, int64_t rows, bool beside) {
   TrainStep step(stepped, optimizer);
   const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
   for (int index = 0; index < 4; ++index) {
-    const at::Tensor x = torch::randn({rows, 64});
-    const at::Tensor y = torch::randint(0, 10, {rows});
+    const at::Tensor x = torch::randn({rows, shape.in_features()});
+    const at::Tensor y = torch::randint(0, shape.out_features(), {rows});
     reference_optimizer.zero_grad();
     const at::Tensor logits = reference->forward(x);
     const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, y, sum);
@@ -183,6 +183,25 @@ TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseTheTextbookLoopForEv
                                                          beside);
   }
   expect_beside_steps<torch::optim::Adam, FusedAdam>(torch::optim::AdamOptions(1e-3), kBesideRows + 1, false);
+}
+
+// Beside the updates, the loss's gradient and the first layer's weight gradient are split between the threads by
+// rows: still bitwise at Fashion-MNIST's 784 features, at odd widths, with one row (one thread's half is empty),
+// with one layer, and with tanh and GELU, whose backward also runs in place.
+TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseAtOtherShapesAndActivations) {
+  using torch::optim::AdamOptions;
+  using torch::optim::SGDOptions;
+  const bool beside = DKIT_WITH_OPENMP == 1;
+  expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9), 64, beside,
+                                                   MlpOptions(784, {256}, 10));
+  expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 33, beside, MlpOptions(12, {33, 7}, 5));
+  expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 1, beside, MlpOptions(12, {33, 7}, 5));
+  expect_beside_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3), 20, beside,
+                                                       MlpOptions(12, {}, 5));
+  expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05), 64, beside,
+                                                   MlpOptions(64, {256, 256}, 10).activation(Activation::kTanh));
+  expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 37, beside,
+                                                     MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU));
 }
 
 TEST_F(TrainStepTest, OnlyAFusedOptimizerOnTwoThreadsRunsBesideTheBackwardPass) {
