@@ -128,6 +128,7 @@ std::shared_ptr<FusedStep::Slots> begin_adam_step(std::vector<torch::optim::Opti
     const Options* options;
     at::Tensor* param;
     Key key;
+    State* state;
   };
   std::vector<Entry> entries;
   for (auto& group : groups) {
@@ -141,33 +142,44 @@ std::shared_ptr<FusedStep::Slots> begin_adam_step(std::vector<torch::optim::Opti
         return nullptr;
       }
       Key key = compat::optimizer_state_key<Key>(p);
+      State* state = nullptr;
       const auto found = states.find(key);
       if (found != states.end()) {
-        const auto& state = static_cast<const State&>(*found->second);
-        if (!eligible(state.exp_avg(), p) || !eligible(state.exp_avg_sq(), p)) {
+        state = &static_cast<State&>(*found->second);
+        if (!eligible(state->exp_avg(), p) || !eligible(state->exp_avg_sq(), p)) {
           return nullptr;
         }
       }
-      entries.push_back({&options, &p, std::move(key)});
+      entries.push_back({&options, &p, std::move(key), state});
     }
   }
   auto slots = std::make_shared<FusedStep::Slots>(kernel);
+  const Options* constants_options = nullptr;
+  int64_t constants_step = 0;
+  AdamConstants constants;
   for (Entry& e : entries) {
     at::Tensor& p = *e.param;
-    auto& entry = states[std::move(e.key)];
-    if (!entry) {
-      auto fresh = std::make_unique<State>();
-      fresh->step(0);
-      fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-      fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-      entry = std::move(fresh);
+    if (e.state == nullptr) {
+      auto& entry = states[std::move(e.key)];
+      if (!entry) {
+        auto fresh = std::make_unique<State>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        entry = std::move(fresh);
+      }
+      e.state = &static_cast<State&>(*entry);
     }
-    auto& state = static_cast<State&>(*entry);
+    State& state = *e.state;
     state.step(state.step() + 1);
+    if (e.options != constants_options || state.step() != constants_step) {
+      constants = constants_for(*e.options, state.step(), decoupled);
+      constants_options = e.options;
+      constants_step = state.step();
+    }
     slots->params.push_back(p.unsafeGetTensorImpl());
     slots->adam.push_back({p.data_ptr<float>(), p.grad().data_ptr<float>(), state.exp_avg().template data_ptr<float>(),
-                           state.exp_avg_sq().template data_ptr<float>(), p.numel(),
-                           constants_for(*e.options, state.step(), decoupled)});
+                           state.exp_avg_sq().template data_ptr<float>(), p.numel(), constants});
   }
   return slots;
 }

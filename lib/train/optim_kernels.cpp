@@ -40,12 +40,71 @@ Vec multiply_add(const Vec& a, const Vec& b, const Vec& c) {
 Vec square_root(const Vec& x) {
   return x.sqrt();
 }
+
+// Whether every element of x is +0 or lies in [low, high] (a NaN does not).
+bool all_positive_zero_or_within(const Vec& x, float low, float high) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __mmask16 positive_zero = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_setzero_si512());
+  return ((_mm512_cmp_ps_mask(x, _mm512_set1_ps(low), _CMP_GE_OQ) &
+           _mm512_cmp_ps_mask(x, _mm512_set1_ps(high), _CMP_LE_OQ)) |
+          positive_zero) == 0xffff;
+#else
+  const Vec positive_zero =
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(x), _mm256_setzero_si256()));
+  return (((x >= Vec(low)) & (x <= Vec(high))) | positive_zero).zero_mask() == 0;
 #endif
+}
+#endif
+
+// x / c for a constant c, rounded as the division rounds it.
+class ConstantDivisor {
+ public:
+  explicit ConstantDivisor(float c)
+      : c_(c)
+#if !defined(CPU_CAPABILITY_DEFAULT)
+        ,
+        by_reciprocal_(c >= 0x1p-20f && c <= 1.0f),
+        vec_c_(c),
+        neg_c_(-c),
+        reciprocal_(1.0f / c)
+#endif
+  {
+  }
+
+  float operator()(float x) const {
+    return x / c_;
+  }
+
+#if !defined(CPU_CAPABILITY_DEFAULT)
+  // Without a division, from the reciprocal r = 1/c rounded: q = x * r is within two ulps of x / c; a first
+  // correction, fma(fma(-c, q, x), r, q), brings it within one; a second, whose remainder fma(-c, q, x) is then
+  // exact, is the correctly rounded quotient (Markstein's theorem). That holds while nothing under- or overflows,
+  // which c in [2^-20, 1] and x in [2^-60, 2^100] guarantee; +0 comes out +0, and a vector with any other element
+  // (-0, a subnormal, an infinity, a NaN) divides.
+  Vec operator()(const Vec& x) const {
+    if (!by_reciprocal_ || !all_positive_zero_or_within(x, 0x1p-60f, 0x1p100f)) {
+      return x / vec_c_;
+    }
+    const Vec estimate = x * reciprocal_;
+    const Vec within_one_ulp = at::vec::fmadd(at::vec::fmadd(neg_c_, estimate, x), reciprocal_, estimate);
+    return at::vec::fmadd(at::vec::fmadd(neg_c_, within_one_ulp, x), reciprocal_, within_one_ulp);
+  }
+#endif
+
+ private:
+  float c_;
+#if !defined(CPU_CAPABILITY_DEFAULT)
+  bool by_reciprocal_;
+  Vec vec_c_;
+  Vec neg_c_;
+  Vec reciprocal_;
+#endif
+};
 
 // One Adam update of an element (T = float) or of a vector of them (T = Vectorized<float>), as
 // torch::optim::Adam's and AdamW's operations compute it.
 template <bool kFma, typename T>
-void adam_values(const AdamConstants& c, T& param, T grad, T& exp_avg, T& exp_avg_sq) {
+void adam_values(const AdamConstants& c, const ConstantDivisor& divide, T& param, T grad, T& exp_avg, T& exp_avg_sq) {
   if (c.decoupled) {
     param = param * T(c.decay);
   }
@@ -54,7 +113,7 @@ void adam_values(const AdamConstants& c, T& param, T grad, T& exp_avg, T& exp_av
   }
   exp_avg = multiply_add<kFma>(grad, T(c.one_minus_beta1), exp_avg * T(c.beta1));
   exp_avg_sq = multiply_add<kFma>(T(c.one_minus_beta2) * grad, grad, exp_avg_sq * T(c.beta2));
-  const T denom = square_root(exp_avg_sq) / T(c.bias_correction2_sqrt) + T(c.eps);
+  const T denom = divide(square_root(exp_avg_sq)) + T(c.eps);
   param = param + T(c.neg_step_size) * exp_avg / denom;
 }
 
@@ -74,26 +133,31 @@ void sgd_values(const SgdConstants& c, T& param, T grad, T* buffer) {
 }
 
 template <bool kFma>
-void adam_range(const AdamSlot& s, int64_t begin, int64_t end) {
+void adam_range(const AdamSlot& slot, int64_t begin, int64_t end) {
+  // A copy: the compiler reloads the pointers of `slot` after every store otherwise.
+  const AdamSlot s = slot;
+  const ConstantDivisor divide(s.constants.bias_correction2_sqrt);
   int64_t i = begin;
 #if !defined(CPU_CAPABILITY_DEFAULT)
   for (; i + Vec::size() <= end; i += Vec::size()) {
     Vec param = Vec::loadu(s.param + i);
     Vec exp_avg = Vec::loadu(s.exp_avg + i);
     Vec exp_avg_sq = Vec::loadu(s.exp_avg_sq + i);
-    adam_values<kFma>(s.constants, param, Vec::loadu(s.grad + i), exp_avg, exp_avg_sq);
+    adam_values<kFma>(s.constants, divide, param, Vec::loadu(s.grad + i), exp_avg, exp_avg_sq);
     param.store(s.param + i);
     exp_avg.store(s.exp_avg + i);
     exp_avg_sq.store(s.exp_avg_sq + i);
   }
 #endif
   for (; i < end; ++i) {
-    adam_values<kFma>(s.constants, s.param[i], s.grad[i], s.exp_avg[i], s.exp_avg_sq[i]);
+    adam_values<kFma>(s.constants, divide, s.param[i], s.grad[i], s.exp_avg[i], s.exp_avg_sq[i]);
   }
 }
 
 template <bool kFma>
-void sgd_range(const SgdSlot& s, int64_t begin, int64_t end) {
+void sgd_range(const SgdSlot& slot, int64_t begin, int64_t end) {
+  // A copy: the compiler reloads the pointers of `slot` after every store otherwise.
+  const SgdSlot s = slot;
   int64_t i = begin;
 #if !defined(CPU_CAPABILITY_DEFAULT)
   for (; i + Vec::size() <= end; i += Vec::size()) {

@@ -3,6 +3,7 @@
 #include "../support.h"
 
 #include <dkit/config.h>
+#include <dkit/core/format.h>
 #include <dkit/device/report.h>
 
 #include <algorithm>
@@ -190,6 +191,14 @@ TEST_F(SuitesTest, OptimizersTimesEachFusedOptimizerAgainstLibTorchsAndTheMatmul
     }
   }
   EXPECT_EQ(progress, expected_progress);
+  const double step_fastest = std::get<double>(table.at(0, "min_ms"));
+  const double limit_fastest = std::get<double>(table.at(2, "min_ms"));
+  EXPECT_EQ(result.notes.front(), "cpu batch 4 sgd: dkit's step " +
+                                      format_fixed(std::get<double>(table.at(0, "median_ms")), 3) + " ms, " +
+                                      format_fixed(std::get<double>(table.at(0, "vs_limit")), 2) +
+                                      "x its matrix products alone (" +
+                                      format_fixed(std::get<double>(table.at(2, "median_ms")), 3) +
+                                      " ms; fastest samples " + format_fixed(step_fastest / limit_fastest, 2) + "x)");
   EXPECT_EQ(result.notes.back(), "PyTorch comparison left out (--python none)");
   EXPECT_NE(std::find(result.notes.begin(), result.notes.end(),
                       "optimizers: sgd = SGD(lr=0.05), sgd-momentum = SGD(lr=0.05, momentum=0.9), sgd-nesterov-wd = "
@@ -222,6 +231,10 @@ TEST_F(SuitesTest, OptimizersRunsPyTorchWithTheSameOptimizerWhenThereIsAPythonWi
   }
   EXPECT_EQ(result.notes.back().rfind("pytorch/slicing: the same MLP, optimizer and loss in PyTorch ", 0), 0u)
       << result.notes.back();
+  const double fastest = std::get<double>(table.at(3, "min_ms")) / std::get<double>(table.at(0, "min_ms"));
+  EXPECT_NE(result.notes.front().find("x PyTorch's samples/s (fastest samples " + format_fixed(fastest, 2) + "x)"),
+            std::string::npos)
+      << result.notes.front();
 }
 
 TEST_F(SuitesTest, TransferReportsWhyItNeedsAGpu) {

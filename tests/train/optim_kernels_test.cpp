@@ -2,6 +2,9 @@
 
 #include "../support.h"
 
+#include <cmath>
+#include <limits>
+
 namespace dkit {
 namespace {
 
@@ -94,6 +97,46 @@ TEST(OptimKernelsTest, EveryBuildUpdatesAdamBitwiseAsTheBaseline) {
                      }),
           param);
     }
+  }
+}
+
+// The wider builds divide by the bias correction through its reciprocal where that rounds as the division does;
+// every second moment from zero (among others in range, and alone) through subnormals and the bounds of that range
+// to infinity and NaN, and divisors inside and outside it, must still give the baseline's bits.
+TEST(OptimKernelsTest, EveryBuildDividesByTheBiasCorrectionAsTheBaselineAtEveryScale) {
+  torch::manual_seed(0);
+  const at::Tensor exponents = torch::randint(-149, 128, {kSize}).to(at::kFloat);
+  at::Tensor exp_avg_sq = torch::exp2(exponents) * (1 + torch::rand({kSize}));
+  exp_avg_sq.narrow(0, 0, 512).copy_(torch::exp2(torch::randint(-120, 127, {512}).to(at::kFloat)) *
+                                     (1 + torch::rand({512})));
+  exp_avg_sq.narrow(0, 0, 512).masked_fill_(torch::rand({512}) < 0.2, 0.0);
+  const std::vector<float> edges = {-0.0F,     std::numeric_limits<float>::denorm_min(),
+                                    0x1p-120F, 0x1p-121F,
+                                    0x1p127F,  std::numeric_limits<float>::max(),
+                                    INFINITY,  std::numeric_limits<float>::quiet_NaN()};
+  for (size_t i = 0; i < edges.size(); ++i) {
+    exp_avg_sq[static_cast<int64_t>(600 + 37 * i)] = edges[i];
+  }
+  const at::Tensor param = torch::randn({kSize});
+  const at::Tensor grad = torch::zeros({kSize});
+  const std::vector<at::Tensor> state = {param, torch::randn({kSize}), exp_avg_sq};
+  for (const float divisor : {0.0316227F, 0.0547449F, 0.99999994F, 1.0F, 0x1p-20F, 0x1.fffffep-21F, 1e-7F}) {
+    SCOPED_TRACE(::testing::Message() << "bias_correction2_sqrt " << divisor);
+    AdamConstants c = adam_constants(0);
+    c.bias_correction2_sqrt = divisor;
+    c.beta2 = 1.0F;
+    c.one_minus_beta2 = 0.0F;
+    const auto results = run_builds(state, [&](const detail::OptimKernelBuild& build, std::vector<at::Tensor>& t,
+                                               int64_t begin, int64_t end) {
+      const AdamSlot slot{t[0].data_ptr<float>(), grad.data_ptr<float>(), t[1].data_ptr<float>(),
+                          t[2].data_ptr<float>(), kSize, c};
+      build.adam_update(slot, begin, end, true);
+    });
+    for (size_t b = 1; b < results.size(); ++b) {
+      EXPECT_TRUE(at::equal(results[b][0].view(at::kInt), results[0][0].view(at::kInt)))
+          << detail::optim_kernel_builds()[b].name;
+    }
+    EXPECT_EQ(at::isnan(results[0][0]).sum().item<int64_t>(), 1) << "the NaN moment alone";
   }
 }
 
