@@ -85,8 +85,9 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
 
         const Stats limit_stats = summarize(variants[2].samples);
         const double limit_seconds = limit_stats.median;
-        const double python_rate =
-            variants.size() > 3 ? static_cast<double>(batch) / summarize(variants[3].samples).median : 0.0;
+        const bool with_python = variants.size() > 3;
+        const Stats python_stats = with_python ? summarize(variants[3].samples) : Stats{};
+        const double python_rate = with_python ? static_cast<double>(batch) / python_stats.median : 0.0;
         for (const auto& variant : variants) {
           const Stats s = summarize(variant.samples);
           const double rate = static_cast<double>(batch) / s.median;
@@ -101,14 +102,15 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
         const Stats step = summarize(variants.front().samples);
         const double step_seconds = step.median;
         result.summary.emplace_back("step_vs_limit." + key, step_seconds / limit_seconds);
-        result.summary.emplace_back("step_vs_limit_fastest." + key, step.min / limit_stats.min);
+        const double step_vs_limit_fastest = step.min / limit_stats.min;
+        result.summary.emplace_back("step_vs_limit_fastest." + key, step_vs_limit_fastest);
         std::string note = where + ": dkit's step " + format_fixed(step_seconds * 1e3, 3) + " ms, " +
                            format_fixed(step_seconds / limit_seconds, 2) + "x its matrix products alone (" +
                            format_fixed(limit_seconds * 1e3, 3) + " ms; fastest samples " +
-                           format_fixed(step.min / limit_stats.min, 2) + "x)";
-        if (python_rate > 0) {
+                           format_fixed(step_vs_limit_fastest, 2) + "x)";
+        if (with_python) {
           const double vs = static_cast<double>(batch) / step_seconds / python_rate;
-          const double fastest = summarize(variants[3].samples).min / step.min;
+          const double fastest = python_stats.min / step.min;
           result.summary.emplace_back("vs_pytorch." + key, vs);
           result.summary.emplace_back("vs_pytorch_fastest." + key, fastest);
           note += ", " + format_fixed(vs, 2) + "x PyTorch's samples/s (fastest samples " + format_fixed(fastest, 2) +
