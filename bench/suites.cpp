@@ -203,7 +203,7 @@ const Suite& find_suite(std::string_view name) {
   for (const auto& suite : registry()) {
     names += suite.name + ", ";
   }
-  throw Error(detail::concat("unknown benchmark suite '", name, "'; the suites are ", names, "all"));
+  throw Error(dkit::detail::concat("unknown benchmark suite '", name, "'; the suites are ", names, "all"));
 }
 
 std::vector<SuiteResult> run_suites(std::string_view name, const SuiteOptions& options) {

@@ -129,7 +129,7 @@ size_t ResultTable::column_index(std::string_view name) const {
     }
     names += (i == 0 ? "" : ", ") + columns_[i].name;
   }
-  throw Error(detail::concat("table '", name_, "' has no column '", name, "'; its columns are ", names));
+  throw Error(dkit::detail::concat("table '", name_, "' has no column '", name, "'; its columns are ", names));
 }
 
 const Cell& ResultTable::at(size_t row, std::string_view name) const {

@@ -7,7 +7,7 @@
 #                                                   # disk-bound: CI runs it while it builds), so that a later run
 #                                                   # of the same targets goes straight to building
 #
-#   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole CTest suite,
+#   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole suite,
 #           with trixie's PyTorch 2.6 for the Python interop tests.
 #   newest  Debian unstable (sid): the newest LibTorch Debian has (C++20 from 2.13 on); builds and runs the whole
 #           suite with sid's PyTorch. Sid moves: when its packages cannot be installed at the moment, the target
@@ -138,7 +138,7 @@ for target in "${targets[@]}"; do
   mode=full
   [ "$target" = cuda ] && mode=cuda
   if in_root "$root" bash /src/scripts/libtorch_build.sh "$mode" /src /build "$jobs" 2>&1 | tee -a "$log" |
-      grep -E --line-buffered '^(libtorch_build|-- dkit:|[0-9]+% tests passed|The following tests|CMake Error)|^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)|error:'; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+      grep -E --line-buffered '^(libtorch_build|test_shards|-- dkit:|[0-9]+% tests passed|The following tests|CMake Error|\[  FAILED  \])|^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)|error:'; [ "${PIPESTATUS[0]}" -eq 0 ]; then
     record "$target" passed "LibTorch $version ($((SECONDS - start)) s)"
   else
     record "$target" failed "LibTorch $version ($((SECONDS - start)) s; log: $log)"

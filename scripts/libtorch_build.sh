@@ -2,7 +2,9 @@
 # The build that scripts/check_libtorch.sh runs inside each Debian root (usable on any machine that has the
 # packages):
 #
-#   scripts/libtorch_build.sh full SOURCE BUILD JOBS   # configure, build everything, run the whole CTest suite
+#   scripts/libtorch_build.sh full SOURCE BUILD JOBS   # configure, build everything, run the whole suite (through
+#                                                      # scripts/test_shards.sh: the GoogleTest program in JOBS
+#                                                      # shards, then ctest for the other tests)
 #   scripts/libtorch_build.sh cuda SOURCE BUILD JOBS   # CUDA LibTorch: configure (CUDA, NCCL and DataParallel must
 #                                                      # be on), build everything, list the CUDA-gated sources
 set -euo pipefail
@@ -19,13 +21,16 @@ case $mode in
     say "building"
     cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
     say "testing"
-    ctest --test-dir "$build" --output-on-failure --parallel "$jobs"
+    bash scripts/test_shards.sh "$build" "$jobs"
     ;;
   cuda)
     # Without cuDNN, which libtorch_cuda.so needs, the linker is told to leave symbols of shared libraries
     # unresolved: the link checks dkit's own symbols, nothing is run (the test list too is read only when CTest
     # runs, not after the link, since the test program cannot start without cuDNN).
+    # Each source is compiled alone (DKIT_UNITY_BUILD off): the list below finds every CUDA-gated source's own
+    # object, and each source is checked to compile on its own, which the other builds' batches would not show.
     cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
+      -DDKIT_UNITY_BUILD=OFF \
       -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs \
       -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs | grep -E '^-- dkit:'
     for flag in CUDA NCCL DATA_PARALLEL; do

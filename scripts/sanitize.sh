@@ -8,9 +8,9 @@
 #   scripts/sanitize.sh -R 'Pickle|TorchFile'    # with arguments: plain ctest with them, one process per test
 #   SANITIZE_CXX=g++ DKIT_SANITIZE=address scripts/sanitize.sh
 #
-# Without arguments the GoogleTest program runs whole, in one shard per CPU (GTEST_TOTAL_SHARDS), and ctest runs
-# the other tests (the CLI tests); this is the same suite as ctest's, without paying a sanitized LibTorch start-up
-# for each of its 300 tests. With clang, the build also has the fuzz targets (DKIT_FUZZ), so that
+# Without arguments the suite runs through scripts/test_shards.sh: the GoogleTest program whole, in one shard per
+# CPU, then ctest for the other tests (the CLI tests); the same suite as ctest's, without paying a sanitized
+# LibTorch start-up for each of its tests. With clang, the build also has the fuzz targets (DKIT_FUZZ), so that
 # FUZZ_BUILD_DIR=build-sanitize scripts/fuzz.sh reuses it.
 #
 # LibTorch is not instrumented; scripts/sanitizers/*.supp would suppress reports from inside it (each entry says
@@ -59,23 +59,7 @@ status=0
 if [ "$#" -gt 0 ]; then
   ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" "$@" || status=$?
 else
-  echo "sanitize: dkit_tests in $shards shards, then ctest for the tests that are not GoogleTest's"
-  pids=()
-  for ((shard = 0; shard < shards; ++shard)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard "$build/tests/dkit_tests" >"$build/sanitize-shard-$shard.log" 2>&1 &
-    pids+=($!)
-  done
-  for ((shard = 0; shard < shards; ++shard)); do
-    if wait "${pids[$shard]}"; then
-      echo "sanitize: shard $shard: $(grep -E '^\[  PASSED  \]' "$build/sanitize-shard-$shard.log" || echo 'no tests')"
-    else
-      status=1
-      echo "sanitize: shard $shard FAILED:" >&2
-      grep -E '^\[  FAILED  \]|Failure$' -A6 "$build/sanitize-shard-$shard.log" >&2 || tail -n 40 "$build/sanitize-shard-$shard.log" >&2
-    fi
-  done
-  # GoogleTest's tests are named Suite.Test with a capitalized suite; the others (cli.*, docker.*) are not.
-  ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" -E '^[A-Z][A-Za-z0-9_/]*\.' || status=$?
+  bash scripts/test_shards.sh "$build" "$shards" || status=$?
 fi
 echo "sanitize: tests ran in $(($(date +%s) - start)) s"
 

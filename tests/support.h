@@ -62,6 +62,17 @@ inline std::string read_file(const std::string& path) {
   return text.str();
 }
 
+/// Writes `data` to the file at `path`, replacing what was there.
+inline void write_bytes(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary) << data;
+}
+
+/// The elements of `tensor` (on any device, of any real dtype) converted to int64, in order.
+inline std::vector<int64_t> int64s(const torch::Tensor& tensor) {
+  const torch::Tensor flat = tensor.to(torch::kLong).cpu().contiguous();
+  return {flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()};
+}
+
 /// Rows of comma-separated numbers, as tests/fixtures/make_fixtures.py writes inputs and expected logits, as a
 /// float32 tensor `[rows, columns]`.
 inline torch::Tensor read_rows(const std::string& path) {

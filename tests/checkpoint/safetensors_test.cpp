@@ -20,11 +20,7 @@ using test::error_message;
 using test::fixture;
 using test::read_file;
 using test::read_rows;
-
-void write_bytes(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary);
-  out << data;
-}
+using test::write_bytes;
 
 // A safetensors file from its parts: the 8-byte header length (`length`, the header's own by default), the
 // header and the data.

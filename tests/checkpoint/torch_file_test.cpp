@@ -20,16 +20,12 @@ namespace {
 
 using test::error_message;
 using test::fixture;
+using test::write_bytes;
 
 std::string read_bytes(const std::string& path) {
   std::string data(std::filesystem::file_size(path), '\0');
   std::ifstream(path, std::ios::binary).read(data.data(), static_cast<std::streamsize>(data.size()));
   return data;
-}
-
-void write_bytes(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary);
-  out << data;
 }
 
 // Sets a 32-bit field of the central directory entry of `record` in a zip held in memory.

@@ -16,12 +16,8 @@ namespace dkit {
 namespace {
 
 using test::error_message;
+using test::int64s;
 using test::TempDir;
-
-std::vector<int64_t> ints(const at::Tensor& tensor) {
-  const at::Tensor flat = tensor.to(at::kLong).contiguous();
-  return {flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()};
-}
 
 std::string digits_csv() {
   return std::string(DKIT_FIXTURES_DIR) + "/../../data/digits.csv";
@@ -52,7 +48,7 @@ TEST_F(CsvTest, ReadsTheDigits) {
   // First line: 0,0,5,13,9,1,0,0,... label 0; second line label 1; third label 2.
   EXPECT_EQ(data.features[0][2].item<float>(), 5.0f);
   EXPECT_EQ(data.features[0][3].item<float>(), 13.0f);
-  EXPECT_EQ(ints(data.labels.narrow(0, 0, 3)), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(int64s(data.labels.narrow(0, 0, 3)), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(data.features.max().item<float>(), 16.0f);
   EXPECT_EQ(data.features.min().item<float>(), 0.0f);
 }
@@ -61,11 +57,11 @@ TEST_F(CsvTest, LabelColumnAnywhere) {
   const std::string path = write_file(dir_, "a.csv", "1,2.5,3\n4,-5e-1,6\n");
   const Dataset last = read_csv(path);
   EXPECT_TRUE(torch::equal(last.features, torch::tensor({{1.0f, 2.5f}, {4.0f, -0.5f}})));
-  EXPECT_EQ(ints(last.labels), (std::vector<int64_t>{3, 6}));
+  EXPECT_EQ(int64s(last.labels), (std::vector<int64_t>{3, 6}));
   EXPECT_EQ(last.num_classes, 7);
   const Dataset first = read_csv(path, CsvOptions().label_column(0));
   EXPECT_TRUE(torch::equal(first.features, torch::tensor({{2.5f, 3.0f}, {-0.5f, 6.0f}})));
-  EXPECT_EQ(ints(first.labels), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(int64s(first.labels), (std::vector<int64_t>{1, 4}));
   const Dataset from_end = read_csv(path, CsvOptions().label_column(-3));
   EXPECT_TRUE(torch::equal(from_end.labels, first.labels));
 }
@@ -83,13 +79,13 @@ TEST_F(CsvTest, ToleratesSpacesCrLfBlankLinesAndNoFinalNewline) {
   const std::string path = write_file(dir_, "b.csv", "\n 1 ,\t+2, 3.0 \r\n\r\n4,5,1e0");
   const Dataset data = read_csv(path);
   EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {4.0f, 5.0f}})));
-  EXPECT_EQ(ints(data.labels), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(int64s(data.labels), (std::vector<int64_t>{3, 1}));
 }
 
 TEST_F(CsvTest, ParsesTextInMemoryNamingItsSource) {
   const Dataset data = parse_csv("1,2,0\n3,4,1\n", "memory.csv");
   EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}})));
-  EXPECT_EQ(ints(data.labels), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(int64s(data.labels), (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(data.description, "memory.csv: 2 samples, 2 features, 2 classes");
   EXPECT_EQ(error_message([] { parse_csv("1,2,0\n3,x,1\n", "memory.csv"); }),
             "memory.csv:2: column 2: 'x' is not a number");
@@ -309,7 +305,7 @@ TEST_F(SyntheticTest, SameSeedSameData) {
   EXPECT_FALSE(torch::equal(a.features, c.features));
   EXPECT_EQ(a.features.sizes(), (std::vector<int64_t>{300, 8}));
   EXPECT_EQ(a.num_classes, 3);
-  EXPECT_EQ(ints(torch::bincount(a.labels)), (std::vector<int64_t>{100, 100, 100}));
+  EXPECT_EQ(int64s(torch::bincount(a.labels)), (std::vector<int64_t>{100, 100, 100}));
   EXPECT_EQ(a.description, "synthetic (noise 0.5, seed 5): 300 samples, 8 features, 3 classes");
 }
 
@@ -519,7 +515,7 @@ TEST_F(SampleOrderTest, MatchesPythonRandpermWithTheSameSeed) {
       in >> value;
     }
     EXPECT_EQ(order_seed(seed, epoch), mixed);
-  EXPECT_EQ(ints(sample_order(n, seed, epoch)), expected) << n << " " << seed << " " << epoch;
+  EXPECT_EQ(int64s(sample_order(n, seed, epoch)), expected) << n << " " << seed << " " << epoch;
     ++cases;
   }
   EXPECT_EQ(cases, 5);

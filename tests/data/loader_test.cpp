@@ -11,6 +11,7 @@ namespace dkit {
 namespace {
 
 using test::error_message;
+using test::int64s;
 
 // Sample i has features (10 i, 10 i + 1, ...) and label i % 7, so a batch says which samples it holds.
 Dataset indexed(int64_t n, int64_t features = 3) {
@@ -25,11 +26,6 @@ Dataset indexed(int64_t n, int64_t features = 3) {
 std::vector<int64_t> ids(const Batch& batch) {
   const auto column = (batch.features.select(1, 0).cpu() / 10).round().to(torch::kLong).contiguous();
   return {column.data_ptr<int64_t>(), column.data_ptr<int64_t>() + column.numel()};
-}
-
-std::vector<int64_t> ints(const at::Tensor& tensor) {
-  const at::Tensor flat = tensor.to(at::kLong).cpu().contiguous();
-  return {flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()};
 }
 
 std::vector<Batch> epoch_batches(Loader& loader, int64_t epoch, int64_t skip = 0) {
@@ -83,9 +79,9 @@ TEST_F(LoaderTest, EpochFollowsSampleOrder) {
       EXPECT_EQ(batch.epoch, epoch);
       const auto batch_ids = ids(batch);
       seen.insert(seen.end(), batch_ids.begin(), batch_ids.end());
-      EXPECT_EQ(ints(batch.labels), ints(torch::tensor(batch_ids) % 7));
+      EXPECT_EQ(int64s(batch.labels), int64s(torch::tensor(batch_ids) % 7));
     }
-    EXPECT_EQ(seen, ints(sample_order(50, 11, epoch))) << "epoch " << epoch;
+    EXPECT_EQ(seen, int64s(sample_order(50, 11, epoch))) << "epoch " << epoch;
   }
   Loader ordered(indexed(50), cpu(), LoaderOptions(8).shuffle(false));
   std::vector<int64_t> seen;
@@ -93,7 +89,7 @@ TEST_F(LoaderTest, EpochFollowsSampleOrder) {
     const auto batch_ids = ids(batch);
     seen.insert(seen.end(), batch_ids.begin(), batch_ids.end());
   }
-  EXPECT_EQ(seen, ints(torch::arange(50)));
+  EXPECT_EQ(seen, int64s(torch::arange(50)));
 }
 
 TEST_F(LoaderTest, RanksShareEachGlobalBatchDisjointly) {
