@@ -12,7 +12,6 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 namespace dkit {
@@ -20,13 +19,8 @@ namespace {
 
 using test::error_message;
 using test::fixture;
+using test::read_file;
 using test::write_bytes;
-
-std::string read_bytes(const std::string& path) {
-  std::string data(std::filesystem::file_size(path), '\0');
-  std::ifstream(path, std::ios::binary).read(data.data(), static_cast<std::streamsize>(data.size()));
-  return data;
-}
 
 // Sets a 32-bit field of the central directory entry of `record` in a zip held in memory.
 void patch_central_entry(std::string& zip, const std::string& record, size_t field, uint32_t value) {
@@ -147,7 +141,7 @@ TEST_F(TorchFileTest, ExplainsAnEmptyFile) {
 
 TEST_F(TorchFileTest, ExplainsATruncatedFile) {
   const std::string path = dir_.file("truncated.pt");
-  const std::string whole = read_bytes(fixture("state_dict.pt"));
+  const std::string whole = read_file(fixture("state_dict.pt"));
   write_bytes(path, whole.substr(0, whole.size() / 2));
   EXPECT_EQ(error_message([&] { read_torch_file(path); }),
             path + ": truncated or corrupt zip archive: no end of central directory record (the file may have been "
@@ -217,7 +211,7 @@ TEST_F(TorchFileTest, ExplainsAMissingFileOrAFolder) {
 }
 
 TEST_F(TorchFileTest, RejectsAHugeClaimedRecordSizeBeforeAllocating) {
-  std::string zip = read_bytes(fixture("state_dict.pt"));
+  std::string zip = read_file(fixture("state_dict.pt"));
   const std::string path = dir_.file("huge.pt");
   patch_central_entry(zip, "state_dict/data/0", /*field=*/24, 0x7fffffff);
   write_bytes(path, zip);
@@ -278,7 +272,7 @@ TEST_F(TorchFileTest, RejectsATensorOutsideItsStorageInAFile) {
 
 TEST_F(TorchFileTest, ReadsAnArchiveInMemory) {
   const TorchFile from_file = read_torch_file(fixture("general_checkpoint.pt"));
-  const TorchFile in_memory = read_torch_bytes(read_bytes(fixture("general_checkpoint.pt")), "in memory");
+  const TorchFile in_memory = read_torch_bytes(read_file(fixture("general_checkpoint.pt")), "in memory");
   EXPECT_EQ(in_memory.archive, from_file.archive);
   EXPECT_EQ(in_memory.version, from_file.version);
   std::vector<std::pair<std::string, at::Tensor>> expected;
@@ -395,7 +389,7 @@ print("ok")
 TEST_F(TorchFileTest, AFailedWriteLeavesThePreviousFileIntact) {
   const std::string path = dir_.file("last.pt");
   write_torch_file(path, PickleValue::dict({{"w", torch::zeros({4})}}));
-  const std::string before = read_bytes(path);
+  const std::string before = read_file(path);
   // A file size limit makes the write fail with EFBIG, as a full disk fails with ENOSPC.
   rlimit old_limit{};
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
@@ -408,7 +402,7 @@ TEST_F(TorchFileTest, AFailedWriteLeavesThePreviousFileIntact) {
   setrlimit(RLIMIT_FSIZE, &old_limit);
   std::signal(SIGXFSZ, old_handler);
   EXPECT_EQ(message, "cannot write " + path + ": File too large (the existing file is unchanged)");
-  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(read_file(path), before);
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_.path()), {}), 1) << "a temporary file was left";
 }
 

@@ -18,6 +18,7 @@ namespace {
 using test::error_message;
 using test::int64s;
 using test::TempDir;
+using test::write_bytes;
 
 std::string digits_csv() {
   return std::string(DKIT_FIXTURES_DIR) + "/../../data/digits.csv";
@@ -25,7 +26,7 @@ std::string digits_csv() {
 
 std::string write_file(const TempDir& dir, const std::string& name, const std::string& text) {
   const std::string path = dir.file(name);
-  std::ofstream(path, std::ios::binary) << text;
+  write_bytes(path, text);
   return path;
 }
 
@@ -179,7 +180,7 @@ void write_idx(const std::string& images, const std::string& labels, int64_t cou
   }
   const auto save = [gz](const std::string& path, const std::string& bytes) {
     if (!gz) {
-      std::ofstream(path, std::ios::binary) << bytes;
+      write_bytes(path, bytes);
       return;
     }
     gzFile out = gzopen((path + ".gz").c_str(), "wb");
@@ -266,7 +267,7 @@ TEST_F(MnistTest, WrongCountsAndShapesAreErrors) {
   std::filesystem::resize_file(images, 16 + 9 * 784);
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
             "'" + images + "' is truncated: 7072 bytes, expected 7856");
-  std::ofstream(images, std::ios::binary) << "not an idx file at all";
+  write_bytes(images, "not an idx file at all");
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
             "'" + images + "' is not an IDX image file (magic number 1852797984, expected 2051)");
 }
@@ -276,11 +277,11 @@ TEST_F(MnistTest, AHeaderClaimingMoreThanTheFileHoldsIsAnErrorBeforeAnyAllocatio
   write_idx(images, dir_.file("t10k-labels-idx1-ubyte"), 10, /*gz=*/false);
   std::string bytes = test::read_file(images);
   bytes.replace(4, 4, std::string("\xff\xff\xff\xff", 4));
-  std::ofstream(images, std::ios::binary) << bytes;
+  write_bytes(images, bytes);
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
             "'" + images + "' is truncated: 7856 bytes, expected 3367254359296");
   bytes.replace(8, 8, std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8));
-  std::ofstream(images, std::ios::binary) << bytes;
+  write_bytes(images, bytes);
   EXPECT_EQ(error_message([&] { read_mnist(dir_.path().string(), /*train=*/false); }),
             "'" + images + "' claims 4294967295 images of 4294967295x4294967295: more than a file can hold");
 }
