@@ -24,8 +24,7 @@ Dataset indexed(int64_t n, int64_t features = 3) {
 }
 
 std::vector<int64_t> ids(const Batch& batch) {
-  const auto column = (batch.features.select(1, 0).cpu() / 10).round().to(torch::kLong).contiguous();
-  return {column.data_ptr<int64_t>(), column.data_ptr<int64_t>() + column.numel()};
+  return int64s((batch.features.select(1, 0).cpu() / 10).round());
 }
 
 std::vector<Batch> epoch_batches(Loader& loader, int64_t epoch, int64_t skip = 0) {

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <regex>
 #include <string>
@@ -17,6 +16,7 @@ namespace dkit {
 namespace {
 
 using test::error_message;
+using test::write_bytes;
 namespace fs = std::filesystem;
 
 std::string bytes_of(std::initializer_list<int> values) {
@@ -60,7 +60,7 @@ class EventFileTest : public test::SeedingFixture {
 
   // Writes `bytes` to a file of its own and returns the error reading it.
   std::string read_error(const std::string& bytes) {
-    std::ofstream(path_, std::ios::binary) << bytes;
+    write_bytes(path_, bytes);
     return error_message([&] { read_event_file(path_); });
   }
 
@@ -238,7 +238,7 @@ TEST_F(EventFileTest, ReaderSkipsFieldsItDoesNotKnow) {
                               bytes_of({0x0a, static_cast<int>(tensor.size())}) + tensor;
   const std::string event = bytes_of({0x09}) + little_endian(0x3ff0000000000000, 8) + bytes_of({0x10, 0x03}) +
                             bytes_of({0x52, 0x03, 0x0a, 0x01, 'w', 0x2a, static_cast<int>(summary.size())}) + summary;
-  std::ofstream(path_, std::ios::binary) << record(event);
+  write_bytes(path_, record(event));
   const EventFileContents contents = read_event_file(path_);
   EXPECT_EQ(contents.records, 1);
   EXPECT_EQ(contents.file_version, "");
