@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #if DKIT_WITH_CUDA
@@ -185,6 +186,26 @@ struct TrainStep::Direct {
            features.size(1) == first.size(1);
   }
 
+  // pre[layer] = input · weightᵀ + bias, as addmm computes it: addmm copies the bias into each row of its output,
+  // then adds the product to it; for float32 CPU buffers the rows are copied here, faster than addmm's broadcast copy.
+  void linear(size_t layer, const at::Tensor& input) {
+    at::Tensor& out = pre[layer];
+    const at::Tensor& bias = biases[layer];
+    if (!out.device().is_cpu() || out.scalar_type() != at::kFloat || !out.is_contiguous() ||
+        bias.scalar_type() != at::kFloat || !bias.is_contiguous()) {
+      at::addmm_out(out, bias, input, weights[layer].t());
+      return;
+    }
+    const int64_t width = out.size(1);
+    const auto row_bytes = static_cast<size_t>(width) * sizeof(float);
+    const float* from = bias.data_ptr<float>();
+    float* to = out.data_ptr<float>();
+    for (int64_t r = 0; r < out.size(0); ++r) {
+      std::memcpy(to + r * width, from, row_bytes);
+    }
+    out.addmm_(input, weights[layer].t());
+  }
+
   void activate(size_t layer) {
     switch (activation) {
       case Activation::kReLU: at::relu_(pre[layer]); break;
@@ -217,7 +238,7 @@ struct TrainStep::Direct {
     shape_for(features.size(0));
     const at::Tensor* input = &features;
     for (size_t i = 0; i < layers; ++i) {
-      at::addmm_out(pre[i], biases[i], *input, weights[i].t());
+      linear(i, *input);
       if (i + 1 < layers) {
         activate(i);
         input = &post[i];

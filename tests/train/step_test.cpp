@@ -90,6 +90,31 @@ TEST_F(TrainStepTest, DropoutTakesAutogradAndIsBitwiseTheTextbookLoop) {
   expect_textbook_steps(Activation::kReLU, 0.25, /*threads=*/1, /*direct=*/false);
 }
 
+TEST_F(TrainStepTest, AStridedBiasTakesAddmmsOwnCopyAndIsBitwiseTheTextbookLoop) {
+  Mlp reference = model();
+  Mlp stepped = model();
+  for (const Mlp& net : {reference, stepped}) {
+    at::Tensor bias = net->layers()[1]->bias;
+    const at::NoGradGuard no_grad;
+    bias.set_data(at::stack({bias.detach(), at::zeros_like(bias)}, 1).select(1, 0));
+    ASSERT_FALSE(bias.is_contiguous());
+  }
+  torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optimizer(stepped->parameters(), torch::optim::SGDOptions(0.1));
+  TrainStep step(stepped, optimizer);
+  ASSERT_TRUE(step.direct());
+  for (const auto& [x, y] : batches(3, 9)) {
+    reference_optimizer.zero_grad();
+    const at::Tensor loss = torch::nn::functional::cross_entropy(
+        reference->forward(x), y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    (loss / 9.0).backward();
+    reference_optimizer.step();
+    const StepOutput out = step.run(x, y, 9);
+    EXPECT_TRUE(torch::equal(out.loss_sum, loss.detach()));
+  }
+  expect_equal_parameters(reference, stepped);
+}
+
 TEST_F(TrainStepTest, GradientsAreTheParametersOwnAfterAStep) {
   Mlp net = model();
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.0));
