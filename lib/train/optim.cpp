@@ -7,7 +7,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -48,8 +47,6 @@ void update_range(const SgdSlot& s, int64_t begin, int64_t end, bool fma) {
   widest_build().sgd_update(s, begin, end, fma);
 }
 
-constexpr int64_t kBlock = 8192;
-
 // Splits the parameters into blocks so that one parallel_for covers them all: large parameters are shared between
 // LibTorch's intra-op threads as its own element-wise kernels share them, small ones cost no thread hand-off.
 template <typename Slot>
@@ -62,8 +59,8 @@ void run_slots(const std::vector<Slot>& slots, FusedKernel kernel) {
   std::vector<Block> blocks;
   int64_t total = 0;
   for (const Slot& slot : slots) {
-    for (int64_t begin = 0; begin < slot.numel; begin += kBlock) {
-      blocks.push_back({&slot, begin, std::min(slot.numel, begin + kBlock)});
+    for (int64_t begin = 0; begin < slot.numel; begin += detail::kUpdateBlock) {
+      blocks.push_back({&slot, begin, std::min(slot.numel, begin + detail::kUpdateBlock)});
     }
     total += slot.numel;
   }
@@ -79,7 +76,7 @@ void run_slots(const std::vector<Slot>& slots, FusedKernel kernel) {
     run(0, count);
     return;
   }
-  at::parallel_for(0, count, std::max<int64_t>(1, at::internal::GRAIN_SIZE / kBlock), run);
+  at::parallel_for(0, count, std::max<int64_t>(1, at::internal::GRAIN_SIZE / detail::kUpdateBlock), run);
 }
 
 bool eligible(const at::Tensor& tensor, const at::Tensor& like) {
@@ -361,118 +358,6 @@ at::Tensor closure_then(const torch::optim::Optimizer::LossClosure& closure, Upd
 } // namespace
 
 namespace detail {
-
-void append_update_blocks(const FusedStep& step, size_t index, std::vector<UpdateBlock>& blocks) {
-  const int64_t numel = step.numel(index);
-  for (int64_t begin = 0; begin < numel; begin += kBlock) {
-    blocks.push_back({index, begin, std::min(numel, begin + kBlock)});
-  }
-}
-
-namespace {
-
-// Blocks [0, n) that two threads claim from opposite ends, the first from the front and the second from the back,
-// so that from step to step each thread mostly updates the same blocks and finds their state in its own cache.
-class TwoEndedBlocks {
- public:
-  explicit TwoEndedBlocks(size_t n) : ends_(static_cast<uint64_t>(n) << 32) {}
-
-  // The next block for thread `task` (0 or 1), or none when every block is claimed.
-  std::optional<size_t> claim(int64_t task) {
-    uint64_t ends = ends_.load(std::memory_order_relaxed);
-    for (;;) {
-      const uint64_t front = ends & 0xffffffffu;
-      const uint64_t back = ends >> 32;
-      if (front >= back) {
-        return std::nullopt;
-      }
-      const uint64_t next = task == 0 ? ends + 1 : ends - (uint64_t{1} << 32);
-      if (ends_.compare_exchange_weak(ends, next, std::memory_order_relaxed)) {
-        return static_cast<size_t>(task == 0 ? front : back - 1);
-      }
-    }
-  }
-
- private:
-  std::atomic<uint64_t> ends_;
-};
-
-} // namespace
-
-void run_side_by_side(const std::vector<SidePhase>& phases, const FusedStep& step) {
-  struct Progress {
-    explicit Progress(const SidePhase& phase) : ready(phase.ready.size()), after(phase.after.size()) {}
-    TwoEndedBlocks ready;
-    TwoEndedBlocks after;
-    std::atomic<size_t> done{0};
-    std::atomic<int> finished{0};
-  };
-  std::vector<std::unique_ptr<Progress>> progress;
-  progress.reserve(phases.size());
-  for (const SidePhase& phase : phases) {
-    progress.push_back(std::make_unique<Progress>(phase));
-  }
-  std::atomic<bool> failed{false};
-  const bool grad_mode = at::GradMode::is_enabled();
-  const auto update = [&](const UpdateBlock& block) { step.update(block.index, block.begin, block.end); };
-  const auto wait_until = [&](const auto& condition) {
-    while (!condition()) {
-      if (failed.load(std::memory_order_acquire)) {
-        return false;
-      }
-      std::this_thread::yield();
-    }
-    return true;
-  };
-  const auto run_phases = [&](int64_t task) {
-    for (size_t k = 0; k < phases.size(); ++k) {
-      const SidePhase& phase = phases[k];
-      Progress& own = *progress[k];
-      const size_t total = phase.ready.size() + phase.after.size();
-      const auto both_finished = [&] { return own.finished.load(std::memory_order_acquire) == 2; };
-      try {
-        const std::function<void()>& work = task == 0 ? phase.first : phase.second;
-        if (work) {
-          work();
-        }
-        own.finished.fetch_add(1, std::memory_order_release);
-        for (std::optional<size_t> b = own.ready.claim(task); b; b = own.ready.claim(task)) {
-          update(phase.ready[*b]);
-          own.done.fetch_add(1, std::memory_order_release);
-        }
-        if (!phase.after.empty() && !wait_until(both_finished)) {
-          return;
-        }
-        for (std::optional<size_t> b = own.after.claim(task); b; b = own.after.claim(task)) {
-          update(phase.after[*b]);
-          own.done.fetch_add(1, std::memory_order_release);
-        }
-      } catch (...) {
-        failed.store(true, std::memory_order_release);
-        throw;
-      }
-      if (!wait_until([&] { return both_finished() && own.done.load(std::memory_order_acquire) == total; })) {
-        return;
-      }
-    }
-  };
-  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-    const at::AutoGradMode same_grad_mode(grad_mode);
-    if (end - begin == 1) {
-      run_phases(begin);
-      return;
-    }
-    for (const SidePhase& phase : phases) {
-      for (const std::function<void()>* work : {&phase.first, &phase.second}) {
-        if (*work) {
-          (*work)();
-        }
-      }
-      std::for_each(phase.ready.begin(), phase.ready.end(), update);
-      std::for_each(phase.after.begin(), phase.after.end(), update);
-    }
-  });
-}
 
 std::vector<OptimKernelBuild> optim_kernel_builds() {
   std::vector<OptimKernelBuild> builds = {DEFAULT::build()};

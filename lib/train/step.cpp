@@ -95,6 +95,14 @@ struct TrainStep::Direct {
   std::array<at::Tensor, 2> first_weight_grad_halves;
   std::array<at::Tensor, 2> first_output_grad_t_halves;
   int64_t rows = -1;
+  // Where backward_beside() computes each layer's backward pass for batches of `plan_rows` rows: for each layer
+  // but the first, whether inside the parallel region (each of its products and its bias's sums on one thread),
+  // and for the first, how; each only where that gives the textbook step's bits (detail::splits_bitwise), outside
+  // the region, on all of LibTorch's threads, otherwise.
+  enum class FirstLayer { kRowHalves, kOneThread, kOutside };
+  std::vector<bool> layer_inside;
+  FirstLayer first_layer = FirstLayer::kOutside;
+  int64_t plan_rows = -1;
   at::Tensor seed_gradient;
   int64_t seed_samples = 0;
   bool last_beside = false;
@@ -151,6 +159,34 @@ struct TrainStep::Direct {
                                 weight_grads.front().narrow(0, top, width - top)};
     first_output_grad_t_halves = {output_grads_t.front().narrow(0, 0, top),
                                   output_grads_t.front().narrow(0, top, width - top)};
+  }
+
+  void plan_for(int64_t n) {
+    if (n == plan_rows) {
+      return;
+    }
+    using detail::BackwardOp;
+    using detail::OpSplit;
+    using detail::splits_bitwise;
+    plan_rows = n;
+    layer_inside.assign(weights.size(), false);
+    for (size_t i = 1; i < weights.size(); ++i) {
+      const int64_t out = weights[i].size(0);
+      const int64_t in = weights[i].size(1);
+      layer_inside[i] = splits_bitwise(BackwardOp::kProduct, OpSplit::kOneThread, n, out, in) &&
+                        splits_bitwise(BackwardOp::kTransposedProduct, OpSplit::kOneThread, out, n, in) &&
+                        splits_bitwise(BackwardOp::kColumnSums, OpSplit::kOneThread, 1, n, out);
+    }
+    const int64_t out = weights.front().size(0);
+    const int64_t in = weights.front().size(1);
+    first_layer = FirstLayer::kOutside;
+    if (splits_bitwise(BackwardOp::kColumnSums, OpSplit::kOneThread, 1, n, out)) {
+      if (splits_bitwise(BackwardOp::kTransposedProduct, OpSplit::kRowHalves, out, n, in)) {
+        first_layer = FirstLayer::kRowHalves;
+      } else if (splits_bitwise(BackwardOp::kTransposedProduct, OpSplit::kOneThread, out, n, in)) {
+        first_layer = FirstLayer::kOneThread;
+      }
+    }
   }
 
   // The gradient with respect to layer `layer`'s output (before its activation).
@@ -258,6 +294,7 @@ struct TrainStep::Direct {
     }
     last_beside = updates.has_value();
     if (updates) {
+      plan_for(features.size(0));
       return backward_beside(*updates, features, labels);
     }
     loss_gradient(all_rows, labels);
@@ -307,7 +344,9 @@ struct TrainStep::Direct {
   // activation's backward, the other the weight's and bias's gradients (and, for the last layer, the step's
   // outputs), and both share the update of the layer above, whose weight the first no longer reads. The first layer
   // has no input gradient: each thread takes half the rows of its weight's gradient, the second its bias's too, and
-  // both share the second layer's update and then its own.
+  // both share the second layer's update and then its own. A layer whose operations would round otherwise there
+  // (see plan_for()) runs them outside the region instead, as backward() does; the first layer's weight gradient
+  // may also run whole on the first thread.
   StepOutput backward_beside(const FusedStep& updates, const at::Tensor& features, const at::Tensor& labels) {
     const size_t layers = weights.size();
     std::vector<bool> in_layer(updates.size(), false);
@@ -341,6 +380,7 @@ struct TrainStep::Direct {
           outputs();
         }
       };
+      phase.outside = !layer_inside[i];
       if (i + 1 < layers) {
         layer_blocks(i + 1, phase.ready);
       }
@@ -355,9 +395,17 @@ struct TrainStep::Direct {
         detail::append_update_blocks(updates, index, last.ready);
       }
     }
-    last.first = [&] { at::mm_out(first_weight_grad_halves[0], first_output_grad_t_halves[0], features); };
-    last.second = [&] {
-      if (first_weight_grad_halves[1].size(0) > 0) {
+    const bool halves = first_layer == FirstLayer::kRowHalves;
+    last.outside = first_layer == FirstLayer::kOutside;
+    last.first = [&, halves] {
+      if (halves) {
+        at::mm_out(first_weight_grad_halves[0], first_output_grad_t_halves[0], features);
+      } else {
+        at::mm_out(weight_grads.front(), output_grads_t.front(), features);
+      }
+    };
+    last.second = [&, halves] {
+      if (halves && first_weight_grad_halves[1].size(0) > 0) {
         at::mm_out(first_weight_grad_halves[1], first_output_grad_t_halves[1], features);
       }
       at::sum_out(bias_grads[0], output_grad(0), {0});

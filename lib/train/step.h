@@ -43,8 +43,10 @@ struct StepOutput {
 /// builds) and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
 /// optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its input's
 /// gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each, and
-/// each layer's update as soon as its gradients are final and its weight no longer read. The values are still
-/// bitwise those above. Example:
+/// each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product
+/// on one thread otherwise than on two (OpenBLAS 0.3.21's Haswell kernels do), so the step first checks, once per
+/// process and size, that each of those products gives the same bits there; a layer whose products would not runs
+/// them outside the region, on both threads, as above. The values are still bitwise those above. Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);

@@ -212,7 +212,8 @@ TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseTheTextbookLoopForEv
 
 // Beside the updates, the loss's gradient and the first layer's weight gradient are split between the threads by
 // rows: still bitwise at Fashion-MNIST's 784 features, at odd widths, with one row (one thread's half is empty),
-// with one layer, and with tanh and GELU, whose backward also runs in place.
+// with one layer, with tanh and GELU, whose backward also runs in place, and at kBesideRows rows, where OpenBLAS's
+// Haswell kernels send every layer's products outside the parallel region.
 TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseAtOtherShapesAndActivations) {
   using torch::optim::AdamOptions;
   using torch::optim::SGDOptions;
@@ -227,6 +228,7 @@ TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseAtOtherShapesAndActi
                                                    MlpOptions(64, {256, 256}, 10).activation(Activation::kTanh));
   expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 37, beside,
                                                      MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU));
+  expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9), kBesideRows, beside);
 }
 
 TEST_F(TrainStepTest, OnlyAFusedOptimizerOnTwoThreadsRunsBesideTheBackwardPass) {
