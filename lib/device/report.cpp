@@ -229,6 +229,12 @@ BlasInfo blas_info() {
     if (const auto threads = find_symbol<IntFn>("openblas_get_num_threads")) {
       info.threads = threads();
     }
+    if (const auto core = find_symbol<ConfigFn>("openblas_get_corename")) {
+      info.core = core();
+    }
+    if (const char* coretype = std::getenv("OPENBLAS_CORETYPE")) {
+      info.core_from_environment = coretype;
+    }
   } else if (info.name == "MKL") {
     info.threading = at::hasOpenMP() ? "OpenMP" : "unknown";
   } else if (info.is_reference) {
@@ -238,7 +244,8 @@ BlasInfo blas_info() {
   return info;
 }
 
-std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_threads, int cpus_available) {
+std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_threads, int cpus_available,
+                                              bool cpu_avx512) {
   std::vector<std::string> warnings;
   if (blas.is_reference) {
     warnings.push_back("the reference BLAS (" + blas.path +
@@ -251,6 +258,19 @@ std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_th
                        " OpenMP threads, which oversubscribes the CPU; install libopenblas0-openmp or set "
                        "OPENBLAS_NUM_THREADS=1");
   }
+  const bool avx512_core = blas.core == "SkylakeX" || blas.core == "Cooperlake" || blas.core == "SapphireRapids";
+  if (cpu_avx512 && blas.name == "OpenBLAS" && !blas.core.empty() && !avx512_core &&
+      contains(blas.detail, "DYNAMIC_ARCH")) {
+    if (!blas.core_from_environment.empty()) {
+      warnings.push_back("OPENBLAS_CORETYPE=" + blas.core_from_environment + " in the environment makes OpenBLAS run its " +
+                         blas.core + " kernels on this CPU, which has AVX-512: matrix products run slower than with its "
+                         "AVX-512 kernels; unset it unless you need those kernels");
+    } else {
+      warnings.push_back("OpenBLAS picked its " + blas.core +
+                         " kernels for this CPU, which has AVX-512 (an OpenBLAS older than the CPU does not know it); "
+                         "set OPENBLAS_CORETYPE=SkylakeX to run its AVX-512 kernels");
+    }
+  }
   if (cpus_available > 0 && torch_threads < cpus_available) {
     warnings.push_back("LibTorch uses " + std::to_string(torch_threads) + " of the " + std::to_string(cpus_available) +
                        " CPUs this process may run on; set OMP_NUM_THREADS=" + std::to_string(cpus_available) +
@@ -262,6 +282,15 @@ std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_th
                        std::to_string(cpus_available));
   }
   return warnings;
+}
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
 }
 
 DeviceReport device_report() {
@@ -283,7 +312,8 @@ DeviceReport device_report() {
   report.cpus_available = cpu_count();
   report.blas = blas_info();
   report.capabilities = build_capabilities();
-  report.warnings = performance_warnings(report.blas, report.cpu_threads, report.cpus_available);
+  report.cpu_avx512 = cpu_has_avx512();
+  report.warnings = performance_warnings(report.blas, report.cpu_threads, report.cpus_available, report.cpu_avx512);
 #if DKIT_WITH_CUDA
   for (int64_t i = 0; i < probe.device_count; ++i) {
     const cudaDeviceProp* props = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(i));
@@ -332,7 +362,8 @@ std::string format_report(const DeviceReport& report) {
   }
   out << "\n\n";
   out << "CPU    " << report.cpu_threads << " intra-op threads, " << report.interop_threads
-      << " inter-op threads, " << report.cpus_available << " CPUs available\n";
+      << " inter-op threads, " << report.cpus_available << " CPUs available" << (report.cpu_avx512 ? ", AVX-512" : "")
+      << "\n";
   out << "BLAS   " << report.blas.name;
   if (!report.blas.path.empty()) {
     out << " (" << report.blas.path << ")";
@@ -406,11 +437,13 @@ std::string report_to_json(const DeviceReport& report) {
       {"cpu",
        {{"intra_op_threads", report.cpu_threads},
         {"inter_op_threads", report.interop_threads},
-        {"cpus_available", report.cpus_available}}},
+        {"cpus_available", report.cpus_available},
+        {"avx512", report.cpu_avx512}}},
       {"blas",
        {{"name", report.blas.name},
         {"path", report.blas.path},
         {"detail", report.blas.detail},
+        {"core", report.blas.core},
         {"threading", report.blas.threading},
         {"threads", report.blas.threads},
         {"reference", report.blas.is_reference}}},

@@ -56,6 +56,11 @@ struct BlasInfo {
   std::string path;
   /// OpenBLAS's own description (version, kernel, threading), when it is OpenBLAS.
   std::string detail;
+  /// The kernels OpenBLAS runs (`openblas_get_corename()`), e.g. `Haswell` or `SkylakeX`; empty for another BLAS.
+  std::string core;
+  /// `OPENBLAS_CORETYPE` as this process's environment sets it, which names the kernels a DYNAMIC_ARCH OpenBLAS
+  /// runs instead of those it would pick for the CPU; empty when unset.
+  std::string core_from_environment;
   /// How the library runs in parallel: `OpenMP`, `pthreads`, `sequential` or `unknown`.
   std::string threading = "unknown";
   /// Threads the BLAS itself will use; 0 when unknown.
@@ -133,21 +138,27 @@ struct DeviceReport {
   int interop_threads = 0;
   /// CPUs this process may run on (its affinity mask).
   int cpus_available = 0;
+  /// Whether the CPU runs AVX-512 (F, BW, VL and DQ), as OpenBLAS's SkylakeX kernels need.
+  bool cpu_avx512 = false;
   /// The BLAS in use.
   BlasInfo blas;
   /// The GPUs, in index order.
   std::vector<GpuInfo> gpus;
   /// Build-time capabilities.
   std::vector<Capability> capabilities;
-  /// Problems worth fixing: the reference BLAS, oversubscribed threads.
+  /// Problems worth fixing: the reference BLAS, oversubscribed threads, OpenBLAS kernels narrower than the CPU.
   std::vector<std::string> warnings;
 };
 
 /// Collects the report for this process.
 DeviceReport device_report();
 
-/// The checks behind DeviceReport::warnings, separate so they can be tested with any BLAS and thread counts.
-std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_threads, int cpus_available);
+/// The checks behind DeviceReport::warnings, separate so they can be tested with any BLAS, thread counts and CPU.
+std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_threads, int cpus_available,
+                                              bool cpu_avx512);
+
+/// Whether this CPU runs AVX-512 (F, BW, VL and DQ); false on other architectures.
+bool cpu_has_avx512();
 
 /// The report as an `nvidia-smi`-like text table.
 std::string format_report(const DeviceReport& report);

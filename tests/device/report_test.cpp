@@ -92,7 +92,7 @@ TEST(BlasTest, WarnsAboutTheReferenceBlasAndOversubscription) {
   reference.name = "reference BLAS";
   reference.path = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
   reference.is_reference = true;
-  const auto warnings = performance_warnings(reference, 2, 2);
+  const auto warnings = performance_warnings(reference, 2, 2, /*cpu_avx512=*/false);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0],
             "the reference BLAS (/usr/lib/x86_64-linux-gnu/blas/libblas.so.3) is loaded: CPU matrix products run "
@@ -102,7 +102,7 @@ TEST(BlasTest, WarnsAboutTheReferenceBlasAndOversubscription) {
   pthreads.name = "OpenBLAS";
   pthreads.threading = "pthreads";
   pthreads.threads = 8;
-  const auto oversubscribed = performance_warnings(pthreads, 8, 4);
+  const auto oversubscribed = performance_warnings(pthreads, 8, 4, /*cpu_avx512=*/false);
   ASSERT_EQ(oversubscribed.size(), 2u);
   EXPECT_EQ(oversubscribed[0],
             "OpenBLAS runs its own 8 pthreads beside LibTorch's 8 OpenMP threads, which oversubscribes the CPU; "
@@ -114,10 +114,42 @@ TEST(BlasTest, WarnsAboutTheReferenceBlasAndOversubscription) {
   openmp.name = "OpenBLAS";
   openmp.threading = "OpenMP";
   openmp.threads = 2;
-  EXPECT_TRUE(performance_warnings(openmp, 2, 2).empty());
-  const auto underused = performance_warnings(openmp, 1, 2);
+  EXPECT_TRUE(performance_warnings(openmp, 2, 2, /*cpu_avx512=*/false).empty());
+  const auto underused = performance_warnings(openmp, 1, 2, /*cpu_avx512=*/false);
   ASSERT_EQ(underused.size(), 1u);
   EXPECT_EQ(underused[0], "LibTorch uses 1 of the 2 CPUs this process may run on; set OMP_NUM_THREADS=2 to use them all");
+}
+
+// OPENBLAS_CORETYPE=Haswell (as this project's machines set it) makes OpenBLAS run its AVX2 kernels on an AVX-512
+// CPU; an OpenBLAS older than the CPU may pick them itself, and a DYNAMIC_ARCH build runs its AVX-512 ones when told.
+TEST(BlasTest, WarnsWhenOpenBlasRunsKernelsNarrowerThanTheCpu) {
+  BlasInfo haswell;
+  haswell.name = "OpenBLAS";
+  haswell.threading = "OpenMP";
+  haswell.threads = 2;
+  haswell.detail = "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY USE_OPENMP Haswell MAX_THREADS=64";
+  haswell.core = "Haswell";
+  const auto warnings = performance_warnings(haswell, 2, 2, /*cpu_avx512=*/true);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "OpenBLAS picked its Haswell kernels for this CPU, which has AVX-512 (an OpenBLAS older than the CPU does "
+            "not know it); set OPENBLAS_CORETYPE=SkylakeX to run its AVX-512 kernels");
+  BlasInfo told = haswell;
+  told.core_from_environment = "Haswell";
+  const auto told_warnings = performance_warnings(told, 2, 2, /*cpu_avx512=*/true);
+  ASSERT_EQ(told_warnings.size(), 1u);
+  EXPECT_EQ(told_warnings[0],
+            "OPENBLAS_CORETYPE=Haswell in the environment makes OpenBLAS run its Haswell kernels on this CPU, which "
+            "has AVX-512: matrix products run slower than with its AVX-512 kernels; unset it unless you need those "
+            "kernels");
+  EXPECT_TRUE(performance_warnings(haswell, 2, 2, /*cpu_avx512=*/false).empty());
+  BlasInfo skylakex = haswell;
+  skylakex.core = "SkylakeX";
+  EXPECT_TRUE(performance_warnings(skylakex, 2, 2, /*cpu_avx512=*/true).empty());
+  BlasInfo one_core = haswell;
+  one_core.detail = "OpenBLAS 0.3.21 NO_LAPACKE USE_OPENMP Haswell MAX_THREADS=64";
+  EXPECT_TRUE(performance_warnings(one_core, 2, 2, /*cpu_avx512=*/true).empty())
+      << "without DYNAMIC_ARCH, OPENBLAS_CORETYPE changes nothing";
 }
 
 TEST(DeviceReportTest, DescribesThisProcess) {
@@ -129,6 +161,11 @@ TEST(DeviceReportTest, DescribesThisProcess) {
   EXPECT_EQ(report.cpu_threads, at::get_num_threads());
   EXPECT_GT(report.cpus_available, 0);
   EXPECT_FALSE(report.blas.name.empty());
+  EXPECT_EQ(report.cpu_avx512, cpu_has_avx512());
+  if (report.blas.name == "OpenBLAS") {
+    EXPECT_NE(report.blas.detail.find(report.blas.core), std::string::npos)
+        << "openblas_get_config() names the kernels openblas_get_corename() does";
+  }
   ASSERT_FALSE(report.capabilities.empty());
   EXPECT_EQ(report.capabilities[0].name, "cuda");
 }
@@ -173,6 +210,8 @@ TEST(DeviceReportTest, JsonReportCarriesTheSameFacts) {
   report.cuda_status = CudaStatus::kNoDevice;
   report.cuda_reason = "none";
   report.blas.name = "OpenBLAS";
+  report.blas.core = "Haswell";
+  report.cpu_avx512 = true;
   report.capabilities.push_back({"cuda", true, ""});
   GpuInfo gpu_info;
   gpu_info.index = 0;
@@ -185,6 +224,8 @@ TEST(DeviceReportTest, JsonReportCarriesTheSameFacts) {
   EXPECT_NE(json.find(R"("capabilities":{"cuda":true})"), std::string::npos);
   EXPECT_NE(json.find(R"("name":"Test GPU","compute_capability":"9.0")"), std::string::npos);
   EXPECT_NE(json.find(R"("warnings":["careful"])"), std::string::npos);
+  EXPECT_NE(json.find(R"("avx512":true)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("core":"Haswell")"), std::string::npos) << json;
 }
 
 TEST(DeviceReportTest, JsonReportEscapesTextAndReplacesBytesThatAreNotUtf8) {
