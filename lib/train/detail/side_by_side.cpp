@@ -153,45 +153,48 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 bool probe_split(BackwardOp op, OpSplit split, int64_t m, int64_t k, int64_t n) {
   const at::NoGradGuard no_grad;
   constexpr int64_t kElements = 4096;
+  constexpr int64_t kMostDraws = 256;
   const int64_t outputs = std::max<int64_t>(1, m * n);
-  const int64_t draws = (kElements + outputs - 1) / outputs;
+  const int64_t draws = std::min(kMostDraws, (kElements + outputs - 1) / outputs);
   at::Generator generator = at::detail::createCPUGenerator(/*seed_in=*/0x5eed);
   const auto options = at::TensorOptions().dtype(at::kFloat);
-  for (int64_t draw = 0; draw < draws; ++draw) {
+  const bool sums = op == BackwardOp::kColumnSums;
+  const bool transposed = op == BackwardOp::kTransposedProduct;
+  const int64_t top = split == OpSplit::kRowHalves ? (m + 1) / 2 : m;
+  struct Draw {
+    at::Tensor a;
+    at::Tensor b;
     at::Tensor whole;
-    at::Tensor split_out;
-    if (op == BackwardOp::kColumnSums) {
-      const at::Tensor a = at::randn({k, n}, generator, options);
-      whole = at::empty({n}, options);
-      split_out = at::empty({n}, options);
-      at::sum_out(whole, a, {0});
-      in_region(/*both=*/false, [&](int64_t /*part*/) { at::sum_out(split_out, a, {0}); });
+    at::Tensor split;
+  };
+  std::vector<Draw> all(static_cast<size_t>(draws));
+  for (Draw& d : all) {
+    if (sums) {
+      d.a = at::randn({k, n}, generator, options);
+      d.whole = at::empty({n}, options);
+      d.split = at::empty({n}, options);
+      at::sum_out(d.whole, d.a, {0});
     } else {
-      const bool transposed = op == BackwardOp::kTransposedProduct;
-      const at::Tensor a = transposed ? at::randn({k, m}, generator, options).t() : at::randn({m, k}, generator, options);
-      const at::Tensor b = at::randn({k, n}, generator, options);
-      whole = at::empty({m, n}, options);
-      split_out = at::empty({m, n}, options);
-      at::mm_out(whole, a, b);
-      if (split == OpSplit::kOneThread) {
-        in_region(/*both=*/false, [&](int64_t /*part*/) { at::mm_out(split_out, a, b); });
-      } else {
-        const int64_t top = (m + 1) / 2;
-        const std::array<at::Tensor, 2> outs = {split_out.narrow(0, 0, top), split_out.narrow(0, top, m - top)};
-        const std::array<at::Tensor, 2> as = {a.narrow(0, 0, top), a.narrow(0, top, m - top)};
-        in_region(/*both=*/true, [&](int64_t part) {
-          at::Tensor out = outs[static_cast<size_t>(part)];
-          if (out.size(0) > 0) {
-            at::mm_out(out, as[static_cast<size_t>(part)], b);
-          }
-        });
-      }
-    }
-    if (!same_bits(whole, split_out)) {
-      return false;
+      d.a = transposed ? at::randn({k, m}, generator, options).t() : at::randn({m, k}, generator, options);
+      d.b = at::randn({k, n}, generator, options);
+      d.whole = at::empty({m, n}, options);
+      d.split = at::empty({m, n}, options);
+      at::mm_out(d.whole, d.a, d.b);
     }
   }
-  return true;
+  in_region(/*both=*/split == OpSplit::kRowHalves, [&](int64_t part) {
+    const int64_t begin = part == 0 ? 0 : top;
+    const int64_t count = part == 0 ? top : m - top;
+    for (Draw& d : all) {
+      if (sums) {
+        at::sum_out(d.split, d.a, {0});
+      } else if (count > 0) {
+        at::Tensor out = d.split.narrow(0, begin, count);
+        at::mm_out(out, d.a.narrow(0, begin, count), d.b);
+      }
+    }
+  });
+  return std::all_of(all.begin(), all.end(), [](const Draw& d) { return same_bits(d.whole, d.split); });
 }
 
 } // namespace

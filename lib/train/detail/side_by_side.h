@@ -67,8 +67,8 @@ enum class OpSplit { kOneThread, kRowHalves };
 /// one, where LibTorch's operation may use every intra-op thread (as the textbook step's does). It need not: a BLAS
 /// may tile a product on one thread differently from how it shares it between threads (OpenBLAS 0.3.21's Haswell
 /// kernels do, its SkylakeX kernels do not). Found once per process for each argument set and thread count, by
-/// computing `op` both ways on random operands (from a generator of its own) until at least 4,096 output elements
-/// agree, or one does not: the order of a BLAS's sums depends on the sizes, not on the values.
+/// computing `op` both ways on random operands (from a generator of its own; at least 4,096 output elements, or 256
+/// draws of them): the order of a BLAS's sums depends on the sizes, not on the values.
 bool splits_bitwise(BackwardOp op, OpSplit split, int64_t m, int64_t k, int64_t n);
 
 } // namespace dkit::detail
