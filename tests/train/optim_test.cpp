@@ -8,8 +8,8 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <stdexcept>
+#include <thread>
 
 #include "../support.h"
 
@@ -18,6 +18,20 @@ namespace {
 
 class FusedOptimizerTest : public test::SeedingFixture {
  protected:
+  /// A begun FusedSGD step over one parameter of `numel` zeros whose gradient is ones: each element an update
+  /// block covers becomes -lr.
+  struct OneParameterStep {
+    OneParameterStep(int64_t numel, double lr)
+        : param(torch::zeros({numel}).set_requires_grad(true)), optimizer({param}, torch::optim::SGDOptions(lr)) {
+      param.mutable_grad() = torch::ones({numel});
+      updates = optimizer.begin_step();
+    }
+
+    at::Tensor param;
+    FusedSGD optimizer;
+    std::optional<FusedStep> updates;
+  };
+
   /// Parameters shaped like the digits MLP's, with sizes that leave partial vectors and blocks.
   static std::vector<at::Tensor> parameters() {
     std::vector<at::Tensor> params;
@@ -371,10 +385,9 @@ TEST_F(FusedOptimizerTest, BeginStepDeclinesWhatStepLeavesToLibTorchAndChangesNo
 TEST_F(FusedOptimizerTest, ATaskThatThrowsEndsTheSideBySideRunWithItsError) {
   const int previous = at::get_num_threads();
   at::set_num_threads(2);
-  at::Tensor p = torch::zeros({20000}).set_requires_grad(true);
-  p.mutable_grad() = torch::ones({20000});
-  FusedSGD optimizer({p}, torch::optim::SGDOptions(1.0));
-  const std::optional<FusedStep> updates = optimizer.begin_step();
+  OneParameterStep one(20000, /*lr=*/1.0);
+  const at::Tensor& p = one.param;
+  const std::optional<FusedStep>& updates = one.updates;
   ASSERT_TRUE(updates.has_value());
   std::vector<detail::SidePhase> phases(2);
   detail::append_update_blocks(*updates, 0, phases[0].after);
@@ -404,22 +417,19 @@ TEST_F(FusedOptimizerTest, SideBySidePhasesRunInOrderAndSeeEachOthersWork) {
   const int previous = at::get_num_threads();
   for (const int threads : {2, 1}) {
     at::set_num_threads(threads);
-    at::Tensor p = torch::zeros({30000}).set_requires_grad(true);
-    p.mutable_grad() = torch::ones({30000});
-    FusedSGD optimizer({p}, torch::optim::SGDOptions(0.5));
-    const std::optional<FusedStep> updates = optimizer.begin_step();
-    ASSERT_TRUE(updates.has_value());
+    OneParameterStep one(30000, /*lr=*/0.5);
+    ASSERT_TRUE(one.updates.has_value());
     std::vector<int> written(2, 0);
     std::vector<int> seen(2, -1);
     at::Tensor after_updates;
     std::vector<detail::SidePhase> phases(3);
     phases[0].first = [&] { written[0] = 10; };
     phases[0].second = [&] { written[1] = 20; };
-    detail::append_update_blocks(*updates, 0, phases[0].ready);
+    detail::append_update_blocks(*one.updates, 0, phases[0].ready);
     phases[1].first = [&] { seen[0] = written[1]; };
     phases[1].second = [&] { seen[1] = written[0]; };
-    phases[2].second = [&] { after_updates = p.detach().clone(); };
-    detail::run_side_by_side(phases, *updates);
+    phases[2].second = [&] { after_updates = one.param.detach().clone(); };
+    detail::run_side_by_side(phases, *one.updates);
     EXPECT_EQ(seen, (std::vector<int>{20, 10})) << threads << " threads";
     ASSERT_TRUE(after_updates.defined()) << threads << " threads";
     EXPECT_TRUE(torch::equal(after_updates, torch::full({30000}, -0.5f))) << threads << " threads";
@@ -433,11 +443,8 @@ TEST_F(FusedOptimizerTest, AnOutsidePhaseRunsOnTheCallingThreadBetweenItsNeighbo
   const int previous = at::get_num_threads();
   for (const int threads : {2, 1}) {
     at::set_num_threads(threads);
-    at::Tensor p = torch::zeros({30000}).set_requires_grad(true);
-    p.mutable_grad() = torch::ones({30000});
-    FusedSGD optimizer({p}, torch::optim::SGDOptions(0.5));
-    const std::optional<FusedStep> updates = optimizer.begin_step();
-    ASSERT_TRUE(updates.has_value());
+    OneParameterStep one(30000, /*lr=*/0.5);
+    ASSERT_TRUE(one.updates.has_value());
     const std::thread::id caller = std::this_thread::get_id();
     std::vector<std::string> order;
     std::mutex mutex;
@@ -457,12 +464,12 @@ TEST_F(FusedOptimizerTest, AnOutsidePhaseRunsOnTheCallingThreadBetweenItsNeighbo
       log("outside first");
     };
     phases[1].second = [&] { log("outside second"); };
-    detail::append_update_blocks(*updates, 0, phases[1].after);
+    detail::append_update_blocks(*one.updates, 0, phases[1].after);
     phases[2].second = [&] {
-      after_updates = p.detach().clone();
+      after_updates = one.param.detach().clone();
       log("next");
     };
-    detail::run_side_by_side(phases, *updates);
+    detail::run_side_by_side(phases, *one.updates);
     EXPECT_EQ(order, (std::vector<std::string>{"inside", "outside first", "outside second", "next"}))
         << threads << " threads";
     EXPECT_TRUE(outside_on_caller) << threads << " threads";
@@ -498,10 +505,8 @@ TEST_F(FusedOptimizerTest, SplitsBitwiseHoldsForOtherOperandsOfTheSameSizes) {
   }
   // A parallel region as TrainStep's: this source is not compiled with OpenMP, so its own at::parallel_for would
   // run on the calling thread alone.
-  at::Tensor unused = torch::zeros({1}).set_requires_grad(true);
-  unused.mutable_grad() = torch::zeros({1});
-  FusedSGD optimizer({unused}, torch::optim::SGDOptions(0.0));
-  const std::optional<FusedStep> no_updates = optimizer.begin_step();
+  const OneParameterStep one(1, /*lr=*/0.0);
+  const std::optional<FusedStep>& no_updates = one.updates;
   ASSERT_TRUE(no_updates.has_value());
   const auto region = [&](bool both, const std::function<void(int64_t)>& part) {
     std::vector<detail::SidePhase> phases(1);
