@@ -53,6 +53,15 @@ class TwoEndedBlocks {
   std::atomic<uint64_t> ends_;
 };
 
+// Runs a phase's tasks, `first` then `second`, on the calling thread.
+void run_tasks(const SidePhase& phase) {
+  for (const std::function<void()>* work : {&phase.first, &phase.second}) {
+    if (*work) {
+      (*work)();
+    }
+  }
+}
+
 // The phases of one parallel region, none of them `outside`.
 void run_region(const std::vector<const SidePhase*>& phases, const FusedStep& step) {
   if (phases.empty()) {
@@ -121,11 +130,7 @@ void run_region(const std::vector<const SidePhase*>& phases, const FusedStep& st
       return;
     }
     for (const SidePhase* phase : phases) {
-      for (const std::function<void()>* work : {&phase->first, &phase->second}) {
-        if (*work) {
-          (*work)();
-        }
-      }
+      run_tasks(*phase);
       std::for_each(phase->ready.begin(), phase->ready.end(), update);
       std::for_each(phase->after.begin(), phase->after.end(), update);
     }
@@ -211,11 +216,7 @@ void run_side_by_side(const std::vector<SidePhase>& phases, const FusedStep& ste
     }
     run_region(region, step);
     region.clear();
-    for (const std::function<void()>* work : {&phase.first, &phase.second}) {
-      if (*work) {
-        (*work)();
-      }
-    }
+    run_tasks(phase);
     if (!phase.ready.empty() || !phase.after.empty()) {
       SidePhase& updates = carried.emplace_back();
       updates.ready = phase.ready;
