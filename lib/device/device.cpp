@@ -201,7 +201,7 @@ void place_module(torch::nn::Module& module, const Device& device) {
 
 void release_cached_memory() {
 #if DKIT_WITH_CUDA
-  if (num_gpus() > 0) {
+  if (num_gpus() > 0 && c10::cuda::CUDACachingAllocator::get()->initialized()) {
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
 #endif
@@ -219,6 +219,9 @@ MemoryStats memory_stats(const Device& device) {
   DKIT_CHECK(is_available(target), "no memory statistics for '", target.str(),
              "': not available; available devices: ", available_devices());
 #if DKIT_WITH_CUDA
+  if (!c10::cuda::CUDACachingAllocator::get()->initialized()) {
+    return stats;
+  }
   const auto cuda_stats = c10::cuda::CUDACachingAllocator::getDeviceStats(target.index());
   stats.allocated_bytes = cuda_stats.allocated_bytes[compat::kAggregateStat].current;
   stats.reserved_bytes = cuda_stats.reserved_bytes[compat::kAggregateStat].current;
@@ -233,7 +236,7 @@ void reset_peak_memory_stats(const Device& device) {
   }
 #if DKIT_WITH_CUDA
   const Device target = normalize(device);
-  if (is_available(target)) {
+  if (is_available(target) && c10::cuda::CUDACachingAllocator::get()->initialized()) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(target.index());
   }
 #endif

@@ -96,8 +96,9 @@ struct MemoryStats {
   int64_t peak_allocated_bytes = 0;
 };
 
-/// Memory statistics for `device`. On CUDA they come from the caching allocator; the CPU has no such
-/// allocator, so the process's resident set size stands in.
+/// Memory statistics for `device`. On CUDA they come from the caching allocator, and are zero while CUDA is not yet
+/// initialised in this process (as Python's torch.cuda.memory_stats); the CPU has no such allocator, so the
+/// process's resident set size stands in.
 MemoryStats memory_stats(const Device& device);
 
 /// Starts peak tracking afresh on a CUDA device; a no-op on the CPU.
