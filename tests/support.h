@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ftw.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,6 +13,16 @@
 #include <vector>
 
 namespace dkit::test {
+
+/// Removes `path` and everything under it, quietly (what is gone or cannot be removed is left as it is). Not
+/// std::filesystem::remove_all: a PyTorch wheel's libtorch_cpu.so exports the libstdc++ filesystem code it was
+/// linked with statically (pytorch/pytorch#133437), and a test binary linked to it crashed in remove_all on a
+/// directory with files in it (the lent H200 machine, PyTorch 2.11, 2026-11-26).
+inline void remove_tree(const std::string& path) {
+  nftw(
+      path.c_str(), [](const char* name, const struct stat*, int, struct FTW*) { return std::remove(name), 0; }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
 
 /// Seeds LibTorch's generators before every test, as LibTorch's own test/cpp/api/support.h does.
 class SeedingFixture : public ::testing::Test {
@@ -50,8 +63,7 @@ inline TempDir::TempDir() {
 }
 
 inline TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
+  remove_tree(path_.string());
 }
 
 /// The whole contents of the file at `path`; empty when it cannot be read.

@@ -1,5 +1,7 @@
 #pragma once
 
+#include "../support.h"
+
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -76,8 +78,7 @@ class TwoHosts {
     }
     run("ip netns del " + ns('a') + "; ip netns del " + ns('b'));
     for (const char host : {'a', 'b'}) {
-      std::error_code ignored;
-      std::filesystem::remove_all("/etc/netns/" + ns(host), ignored);
+      remove_tree("/etc/netns/" + ns(host));
     }
   }
 
@@ -167,8 +168,7 @@ class TwoHosts {
     ::pclose(out);
     for (const auto& ns : orphans) {
       run("ip netns pids " + ns + " | xargs -r kill -9; ip netns del " + ns);
-      std::error_code ignored;
-      std::filesystem::remove_all("/etc/netns/" + ns, ignored);
+      remove_tree("/etc/netns/" + ns);
     }
   }
 
