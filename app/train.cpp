@@ -75,6 +75,9 @@ int run_train(Args args) {
       "with --config and --out: continue the run in --out from its newest checkpoint when it has one, else start "
       "it; what a job restarted by its launcher (torchrun --max_restarts) needs")(
       "no-progress", "plain log lines even on a terminal")(
+      "check-syncs",
+      "CUDA: make every synchronisation with the GPU inside a step or a batch hand-over an error, to prove the "
+      "loop waits for the GPU only at metric flushes, validation and checkpoints (not with train.precision=fp16)")(
       "keys", "list every config key with its type, default and meaning")("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
   if (result.count("help") != 0) {
@@ -128,7 +131,7 @@ int run_train(Args args) {
 
   FullTrainConfig full(config);
   TrainerOptions trainer_options(out_dir);
-  trainer_options.resume(point).process_settings(true).stop(stop_on_signals());
+  trainer_options.resume(point).process_settings(true).stop(stop_on_signals()).check_syncs(result.count("check-syncs") != 0);
   if (launch) {
     // A peer that is gone leaves c10d writing to a closed socket: Gloo and the store expect EPIPE there, as in
     // Python, which ignores SIGPIPE, rather than a process killed by the signal before it can say what happened.

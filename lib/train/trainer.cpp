@@ -75,6 +75,24 @@ std::string model_description(const Mlp& model) {
   return out.str();
 }
 
+class OptionalSyncCheck {
+ public:
+  explicit OptionalSyncCheck(bool on) {
+#if DKIT_WITH_CUDA
+    if (on) {
+      check_.emplace();
+    }
+#else
+    (void)on;
+#endif
+  }
+
+ private:
+#if DKIT_WITH_CUDA
+  std::optional<ScopedSyncCheck> check_;
+#endif
+};
+
 } // namespace
 
 TrainerOptions::TrainerOptions(std::string out_dir) : out_dir_(std::move(out_dir)) {}
@@ -377,6 +395,14 @@ struct Trainer::Impl {
     }
     device = group ? group->device() : parse_device(config.device);
     summary.device = device.str();
+    if (options.check_syncs()) {
+      DKIT_CHECK(DKIT_WITH_CUDA, "check_syncs (dkit train --check-syncs) needs a CUDA build; this one is CPU only");
+      DKIT_CHECK(device.is_cuda(), "check_syncs (dkit train --check-syncs) needs a CUDA device; the run's device is ",
+                 device.str());
+      DKIT_CHECK(config.precision != Precision::kFloat16,
+                 "check_syncs (dkit train --check-syncs) cannot check train.precision=fp16: its loss scaler reads "
+                 "the device every step");
+    }
     info(fmt::format("dkit train: device {}, {} CPU threads, out {}", device.str(), at::get_num_threads(),
                      run->path().string()));
     run->write_config(to_yaml(config));
@@ -489,8 +515,18 @@ struct Trainer::Impl {
     window_start = train_clock.seconds();
     while (!finished && epoch < config.epochs) {
       loader.start_epoch(epoch, epoch_step);
-      while (auto batch = loader.next()) {
-        take_step(*batch, written_out, metrics);
+      while (true) {
+        bool stepped = false;
+        {
+          const OptionalSyncCheck check(options.check_syncs());
+          if (auto batch = loader.next()) {
+            take_step(*batch, written_out, metrics);
+            stepped = true;
+          }
+        }
+        if (!stepped) {
+          break;
+        }
         if (end_step(policy, metrics)) {
           finished = true;
           break;

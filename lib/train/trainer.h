@@ -115,6 +115,12 @@ struct TrainerOptions {
   TORCH_ARG(std::function<void(const LogLine&)>, on_log) = nullptr;
   /// Called after every metrics flush (every `train.log_every` steps), e.g. to draw a progress bar.
   TORCH_ARG(std::function<void(const ProgressUpdate&)>, on_progress) = nullptr;
+  /// Proves the loop never waits for the GPU: every step and every batch the loader hands over runs under a
+  /// ScopedSyncCheck, so a synchronisation that LibTorch performs there (`.item()`, a blocking copy to the host, a
+  /// stream synchronisation) ends the run with an error; metric flushes, validation and checkpoints stay outside it.
+  /// The sync debug mode it sets is process-wide while a step runs. Needs a CUDA build, a CUDA device and a
+  /// precision other than fp16 (whose loss scaler reads the device every step).
+  TORCH_ARG(bool, check_syncs) = false;
 };
 
 /// What a run did: the contents of `summary.json`.

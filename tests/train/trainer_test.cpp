@@ -333,6 +333,45 @@ TEST_F(TrainerTest, SummaryJsonWritesShortestRoundTripNumbersAndNullForNonFinite
             "\n");
 }
 
+// check_syncs makes the steps' synchronisations errors; where there is nothing it could check, the run is refused.
+TEST_F(TrainerTest, CheckSyncsWithoutACudaDeviceIsRefused) {
+  const auto refused = [&](const FullTrainConfig& config) {
+    TrainerOptions options(tmp_.file("run"));
+    options.check_syncs(true);
+    return error_message([&] { Trainer(config, std::move(options)).run(); });
+  };
+  EXPECT_EQ(refused(small_run({"device=cpu"})),
+            DKIT_WITH_CUDA ? "check_syncs (dkit train --check-syncs) needs a CUDA device; the run's device is cpu"
+                           : "check_syncs (dkit train --check-syncs) needs a CUDA build; this one is CPU only");
+  EXPECT_FALSE(fs::exists(tmp_.file("run/checkpoints/last.pt")));
+}
+
+// On a GPU the whole loop runs under the check: every step and batch hand-over, for the pinned ring and the data on
+// the device, the written-out step (fp32) and autograd (bf16); the only reads of the device are the flushes and
+// validations. (Pageable batches are copied the blocking way, by definition.)
+TEST_F(TrainerTest, StepsNeverSynchronizeWithTheGpu_CUDA) {
+  for (const std::string placement : {"pinned", "device"}) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      const std::string dir = tmp_.file("run-" + placement + "-" + precision);
+      TrainerOptions options(dir);
+      options.process_settings(true).check_syncs(true);
+      const TrainSummary summary =
+          Trainer(small_run({"device=cuda", "loader.placement=" + placement, "train.precision=" + precision}),
+                  std::move(options))
+              .run();
+      EXPECT_EQ(summary.steps, 30) << placement << " " << precision;
+      EXPECT_EQ(summary.host_syncs, 6 + 3) << placement << " " << precision;
+    }
+  }
+  TrainerOptions options(tmp_.file("fp16"));
+  options.check_syncs(true);
+  EXPECT_EQ(error_message([&] {
+              Trainer(small_run({"device=cuda", "train.precision=fp16"}), std::move(options)).run();
+            }),
+            "check_syncs (dkit train --check-syncs) cannot check train.precision=fp16: its loss scaler reads the "
+            "device every step");
+}
+
 TEST_F(TrainerTest, AbsentDeviceIsAnErrorBeforeTraining) {
   const std::string message = error_message([&] { train(small_run({"device=cuda:7"}), tmp_.file("run")); });
   EXPECT_EQ(message.rfind("device 'cuda:7' is not available: ", 0), 0u) << message;
