@@ -14,8 +14,9 @@ Both accumulate the loss with `loss.item()` every step, as the PyTorch tutorials
 
 Warm-up steps run first and are not timed; on CUDA the clock is read after torch.cuda.synchronize(). Then
 --repeat timed runs of --steps steps each continue the same training (steady state). A last partial batch of an
-epoch counts its own samples. Prints one JSON object per loop on stdout: ms_per_step and samples_per_second of
-the median run, and every run's seconds.
+epoch counts its own samples. --compile MODE wraps the model in torch.compile (PyTorch 2.x; reduce-overhead replays
+CUDA graphs); compilation happens in the warm-up. Prints one JSON object per loop on stdout: ms_per_step and
+samples_per_second of the median run, and every run's seconds.
 
     /usr/bin/python3 bench/python/mlp_train.py --steps 3000 --batch 64 --hidden 256,256 --threads 2
 """
@@ -111,6 +112,8 @@ def warmed_up(name, args, X, y, hidden, classes, device):
     torch.manual_seed(args.seed)
     model = build_model(X.shape[1], hidden, classes).to(device)
     opt = make_optimizer(args, model.parameters())
+    if args.compile:
+        model = torch.compile(model, mode=args.compile)
     if args.warmup > 0:
         loop(model, opt, X, y, args.batch, args.warmup, device)
     return loop, model, opt
@@ -148,6 +151,8 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--loops", default="dataloader,slicing")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", default="", metavar="MODE",
+                        help="torch.compile the model with this mode (e.g. reduce-overhead: CUDA graphs); PyTorch 2.x")
     parser.add_argument("--serve", action="store_true",
                         help="after the warm-up of the first of --loops, time one run of N steps for each line N read "
                              "from stdin and answer each with a JSON line (for a caller that takes turns with it)")
@@ -179,7 +184,8 @@ def main():
             runs.append((time.perf_counter() - start, samples))
         seconds, samples = sorted(runs)[(len(runs) - 1) // 2]
         print(json.dumps({
-            "impl": "pytorch", "loop": name, "torch": torch.__version__, "device": str(device),
+            "impl": "pytorch" + ("/compile-" + args.compile if args.compile else ""), "loop": name,
+            "torch": torch.__version__, "device": str(device),
             "optimizer": repr(opt).splitlines()[0].strip(" ("),
             "threads": torch.get_num_threads(), "batch": args.batch, "hidden": hidden, "steps": args.steps,
             "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
