@@ -52,6 +52,14 @@ int64_t peak_resident_set_bytes() {
   return std::max(static_cast<int64_t>(usage.ru_maxrss) * 1024, resident_set_bytes());
 }
 
+#if DKIT_WITH_CUDA
+// Whether CUDA's caching allocator has been set up in this process (CUDA's lazy initialisation): before that it
+// holds nothing, and LibTorch 2.11 asserts when asked about it.
+bool cuda_allocator_initialized() {
+  return c10::cuda::CUDACachingAllocator::get()->initialized();
+}
+#endif
+
 } // namespace
 
 Device cpu() {
@@ -201,7 +209,7 @@ void place_module(torch::nn::Module& module, const Device& device) {
 
 void release_cached_memory() {
 #if DKIT_WITH_CUDA
-  if (num_gpus() > 0 && c10::cuda::CUDACachingAllocator::get()->initialized()) {
+  if (num_gpus() > 0 && cuda_allocator_initialized()) {
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
 #endif
@@ -219,7 +227,7 @@ MemoryStats memory_stats(const Device& device) {
   DKIT_CHECK(is_available(target), "no memory statistics for '", target.str(),
              "': not available; available devices: ", available_devices());
 #if DKIT_WITH_CUDA
-  if (!c10::cuda::CUDACachingAllocator::get()->initialized()) {
+  if (!cuda_allocator_initialized()) {
     return stats;
   }
   const auto cuda_stats = c10::cuda::CUDACachingAllocator::getDeviceStats(target.index());
@@ -236,7 +244,7 @@ void reset_peak_memory_stats(const Device& device) {
   }
 #if DKIT_WITH_CUDA
   const Device target = normalize(device);
-  if (is_available(target) && c10::cuda::CUDACachingAllocator::get()->initialized()) {
+  if (is_available(target) && cuda_allocator_initialized()) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(target.index());
   }
 #endif

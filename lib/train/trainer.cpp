@@ -475,6 +475,17 @@ struct Trainer::Impl {
     summary.samples += batch.global_samples;
   }
 
+  /// Takes the loader's next batch and trains on it, under the sync check when asked; false at the epoch's end.
+  bool take_next_step(Loader& loader, std::optional<TrainStep>& written_out, MetricBuffer& metrics) {
+    const OptionalSyncCheck check(options.check_syncs());
+    auto batch = loader.next();
+    if (!batch) {
+      return false;
+    }
+    take_step(*batch, written_out, metrics);
+    return true;
+  }
+
   /// Flushes, checks for a stop and saves as the policy says; true when the run ends here.
   bool end_step(const detail::CheckpointPolicy& policy, MetricBuffer& metrics) {
     const detail::StepPlan plan = policy.after_step(step, metrics.full());
@@ -515,18 +526,7 @@ struct Trainer::Impl {
     window_start = train_clock.seconds();
     while (!finished && epoch < config.epochs) {
       loader.start_epoch(epoch, epoch_step);
-      while (true) {
-        bool stepped = false;
-        {
-          const OptionalSyncCheck check(options.check_syncs());
-          if (auto batch = loader.next()) {
-            take_step(*batch, written_out, metrics);
-            stepped = true;
-          }
-        }
-        if (!stepped) {
-          break;
-        }
+      while (take_next_step(loader, written_out, metrics)) {
         if (end_step(policy, metrics)) {
           finished = true;
           break;
