@@ -388,6 +388,9 @@ std::string format_report(const DeviceReport& report) {
     out << (i == 0 ? "" : ", ") << capability.name << (capability.available ? " yes" : " no");
   }
   out << "\n";
+  for (const auto& extra : report.extras) {
+    out << std::left << std::setw(7) << extra.label << std::right << extra.text << "\n";
+  }
   if (!report.gpus.empty()) {
     out << "\n"
         << std::left << std::setw(4) << "GPU" << std::setw(28) << "Name" << std::setw(5) << "CC" << std::right
@@ -427,7 +430,7 @@ std::string report_to_json(const DeviceReport& report) {
                     {"reserved_bytes", gpu_info.process.reserved_bytes},
                     {"peak_allocated_bytes", gpu_info.process.peak_allocated_bytes}});
   }
-  const nlohmann::ordered_json json = {
+  nlohmann::ordered_json json = {
       {"dkit_version", report.dkit_version},
       {"torch_version", report.torch_version},
       {"cuda_version", report.cuda_version},
@@ -448,8 +451,15 @@ std::string report_to_json(const DeviceReport& report) {
         {"threads", report.blas.threads},
         {"reference", report.blas.is_reference}}},
       {"capabilities", std::move(capabilities)},
-      {"gpus", std::move(gpus)},
-      {"warnings", report.warnings}};
+      {"gpus", std::move(gpus)}};
+  for (const auto& extra : report.extras) {
+    nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+    for (const auto& [name, value] : extra.fields) {
+      fields[name] = value;
+    }
+    json[extra.key] = std::move(fields);
+  }
+  json["warnings"] = report.warnings;
   return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
                    nlohmann::ordered_json::error_handler_t::replace) +
          "\n";

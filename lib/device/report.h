@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dkit {
@@ -118,6 +119,18 @@ struct Capability {
   std::string note;
 };
 
+/// A line that a module above the device module adds to the report, such as the train module's fused updates.
+struct ReportExtra {
+  /// The text line's label, six characters at most, e.g. `Optim`.
+  std::string label;
+  /// The key of its JSON object, e.g. `fused_updates`.
+  std::string key;
+  /// The text line after the label.
+  std::string text;
+  /// The JSON object's fields in order, every value a string.
+  std::vector<std::pair<std::string, std::string>> fields;
+};
+
 /// What this process can use: the `dkit devices` report.
 struct DeviceReport {
   /// dkit's version.
@@ -146,6 +159,8 @@ struct DeviceReport {
   std::vector<GpuInfo> gpus;
   /// Build-time capabilities.
   std::vector<Capability> capabilities;
+  /// Lines added by modules above this one, printed after the capabilities.
+  std::vector<ReportExtra> extras;
   /// Problems worth fixing: the reference BLAS, oversubscribed threads, OpenBLAS kernels narrower than the CPU.
   std::vector<std::string> warnings;
 };

@@ -1,6 +1,7 @@
 #include <dkit/train/optim.h>
 
 #include <dkit/core/compat.h>
+#include <dkit/device/report.h>
 #include <dkit/train/detail/optim_kernels.h>
 #include <dkit/train/detail/side_by_side.h>
 
@@ -264,10 +265,30 @@ at::Tensor probe_values(int64_t n, double frequency, double scale, double offset
       .to(at::kFloat);
 }
 
-// Runs LibTorch's optimizer and `kernel` side by side on a probe parameter for a few steps; true when every value
-// is bitwise the same.
+// `name N/M` when `mine` differs from `reference` in N of its M values, empty when they are bitwise the same.
+std::string difference(const char* name, const at::Tensor& reference, const at::Tensor& mine) {
+  if (at::equal(reference, mine)) {
+    return "";
+  }
+  return std::string(name) + " " + std::to_string(reference.ne(mine).sum().item<int64_t>()) + "/" +
+         std::to_string(reference.numel());
+}
+
+// The non-empty parts, joined with `separator`.
+std::string join(const std::vector<std::string>& parts, const char* separator) {
+  std::string out;
+  for (const std::string& part : parts) {
+    if (!part.empty()) {
+      out += (out.empty() ? "" : separator) + part;
+    }
+  }
+  return out;
+}
+
+// Runs LibTorch's optimizer and `kernel` side by side on a probe parameter for a few steps; empty when every value
+// is bitwise the same, otherwise which values differ.
 template <typename Optimizer, typename Options, typename State>
-bool adam_kernel_matches(FusedKernel kernel, const Options& options, bool decoupled) {
+std::string adam_kernel_difference(FusedKernel kernel, const Options& options, bool decoupled) {
   constexpr int64_t kSize = 1003;
   at::Tensor reference = probe_values(kSize, 0.37, 0.5, 0.1).set_requires_grad(true);
   at::Tensor mine = reference.detach().clone();
@@ -283,13 +304,14 @@ bool adam_kernel_matches(FusedKernel kernel, const Options& options, bool decoup
     run_slots(slot, kernel);
   }
   const auto& state = static_cast<const State&>(*optimizer.state().begin()->second);
-  return at::equal(reference.detach(), mine) && at::equal(state.exp_avg(), exp_avg) &&
-         at::equal(state.exp_avg_sq(), exp_avg_sq);
+  return join({difference("param", reference.detach(), mine), difference("exp_avg", state.exp_avg(), exp_avg),
+               difference("exp_avg_sq", state.exp_avg_sq(), exp_avg_sq)},
+              ", ");
 }
 
-// Runs torch::optim::SGD and `kernel` side by side on a probe parameter for a few steps; true when every value
-// is bitwise the same.
-bool sgd_kernel_matches(FusedKernel kernel, const torch::optim::SGDOptions& options) {
+// Runs torch::optim::SGD and `kernel` side by side on a probe parameter for a few steps; empty when every value
+// is bitwise the same, otherwise which values differ.
+std::string sgd_kernel_difference(FusedKernel kernel, const torch::optim::SGDOptions& options) {
   constexpr int64_t kSize = 1003;
   at::Tensor reference = probe_values(kSize, 0.37, 0.5, 0.1).set_requires_grad(true);
   at::Tensor mine = reference.detach().clone();
@@ -303,42 +325,73 @@ bool sgd_kernel_matches(FusedKernel kernel, const torch::optim::SGDOptions& opti
                                         kSize, sgd_constants_for(options, step == 1)}};
     run_slots(slot, kernel);
   }
-  if (!at::equal(reference.detach(), mine)) {
-    return false;
-  }
+  std::string params = difference("param", reference.detach(), mine);
   if (options.momentum() == 0) {
-    return optimizer.state().empty();
+    return join({params, optimizer.state().empty() ? "" : "state"}, ", ");
   }
   const auto& state = static_cast<const torch::optim::SGDParamState&>(*optimizer.state().begin()->second);
-  return at::equal(state.momentum_buffer(), buffer);
+  return join({params, difference("momentum_buffer", state.momentum_buffer(), buffer)}, ", ");
 }
 
-FusedKernel probe_sgd_kernel() {
+// A probe's verdict: the first kernel whose results are bitwise LibTorch's, or kNone and, for each kernel tried,
+// what differed.
+struct ProbeOutcome {
+  FusedKernel kernel = FusedKernel::kNone;
+  std::string mismatch;
+};
+
+// Tries each kernel with `differences(kernel)`, which names each probe that does not match (empty parts match).
+template <typename Differences>
+ProbeOutcome probe(Differences differences) {
   const at::NoGradGuard no_grad;
+  std::vector<std::string> mismatches;
+  for (const auto kernel : {FusedKernel::kFusedMultiplyAdd, FusedKernel::kSeparateRounding}) {
+    const std::string mismatch = join(differences(kernel), "; ");
+    if (mismatch.empty()) {
+      return {kernel, ""};
+    }
+    mismatches.push_back(to_string(kernel) + " kernel: " + mismatch);
+  }
+  return {FusedKernel::kNone, join(mismatches, "; ")};
+}
+
+// `label: differences`, or empty when there are none.
+std::string labelled(const char* label, const std::string& differences) {
+  return differences.empty() ? "" : std::string(label) + ": " + differences;
+}
+
+ProbeOutcome probe_sgd_kernel() {
   using torch::optim::SGDOptions;
-  for (const auto kernel : {FusedKernel::kFusedMultiplyAdd, FusedKernel::kSeparateRounding}) {
-    if (sgd_kernel_matches(kernel, SGDOptions(0.1)) &&
-        sgd_kernel_matches(kernel, SGDOptions(0.1).momentum(0.9).dampening(0.1).weight_decay(0.01)) &&
-        sgd_kernel_matches(kernel, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01))) {
-      return kernel;
-    }
-  }
-  return FusedKernel::kNone;
+  return probe([](FusedKernel kernel) {
+    return std::vector<std::string>{
+        labelled("SGD", sgd_kernel_difference(kernel, SGDOptions(0.1))),
+        labelled("SGD with momentum, dampening and weight decay",
+                 sgd_kernel_difference(kernel, SGDOptions(0.1).momentum(0.9).dampening(0.1).weight_decay(0.01))),
+        labelled("SGD with Nesterov momentum and weight decay",
+                 sgd_kernel_difference(kernel, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01)))};
+  });
 }
 
-FusedKernel probe_adam_kernel() {
-  const at::NoGradGuard no_grad;
-  for (const auto kernel : {FusedKernel::kFusedMultiplyAdd, FusedKernel::kSeparateRounding}) {
-    const bool adam = adam_kernel_matches<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
-        kernel, torch::optim::AdamOptions(1e-3).weight_decay(0.01), /*decoupled=*/false);
-    const bool adamw =
-        adam_kernel_matches<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
-            kernel, torch::optim::AdamWOptions(1e-3).weight_decay(0.01), /*decoupled=*/true);
-    if (adam && adamw) {
-      return kernel;
-    }
-  }
-  return FusedKernel::kNone;
+ProbeOutcome probe_adam_kernel() {
+  return probe([](FusedKernel kernel) {
+    return std::vector<std::string>{
+        labelled("Adam",
+                 adam_kernel_difference<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
+                     kernel, torch::optim::AdamOptions(1e-3).weight_decay(0.01), /*decoupled=*/false)),
+        labelled("AdamW", adam_kernel_difference<torch::optim::AdamW, torch::optim::AdamWOptions,
+                                                 torch::optim::AdamWParamState>(
+                              kernel, torch::optim::AdamWOptions(1e-3).weight_decay(0.01), /*decoupled=*/true))};
+  });
+}
+
+const ProbeOutcome& adam_probe() {
+  static const ProbeOutcome outcome = probe_adam_kernel();
+  return outcome;
+}
+
+const ProbeOutcome& sgd_probe() {
+  static const ProbeOutcome outcome = probe_sgd_kernel();
+  return outcome;
 }
 
 // Evaluates `closure` (with gradients) when there is one, then runs `update` without them; returns the closure's
@@ -376,13 +429,16 @@ std::vector<OptimKernelBuild> optim_kernel_builds() {
 } // namespace detail
 
 FusedKernel fused_adam_kernel() {
-  static const FusedKernel kernel = probe_adam_kernel();
-  return kernel;
+  return adam_probe().kernel;
 }
 
 FusedKernel fused_sgd_kernel() {
-  static const FusedKernel kernel = probe_sgd_kernel();
-  return kernel;
+  return sgd_probe().kernel;
+}
+
+FusedKernelReport fused_kernel_report() {
+  return {widest_build().name, sgd_probe().kernel, adam_probe().kernel, sgd_probe().mismatch,
+          adam_probe().mismatch};
 }
 
 int kernel_threads() {
@@ -403,6 +459,28 @@ std::string to_string(FusedKernel kernel) {
     case FusedKernel::kNone: return "none";
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled FusedKernel ", static_cast<int>(kernel));
+}
+
+void add_to_report(const FusedKernelReport& fused, DeviceReport& report) {
+  report.extras.push_back({"Optim",
+                           "fused_updates",
+                           "fused CPU updates, " + fused.instructions + " kernels: SGD " + to_string(fused.sgd) +
+                               ", Adam and AdamW " + to_string(fused.adam),
+                           {{"instructions", fused.instructions},
+                            {"sgd", to_string(fused.sgd)},
+                            {"adam", to_string(fused.adam)},
+                            {"sgd_mismatch", fused.sgd_mismatch},
+                            {"adam_mismatch", fused.adam_mismatch}}});
+  const auto warn = [&](FusedKernel kernel, const char* optimizers, const char* fused_types_take,
+                        const std::string& mismatch) {
+    if (kernel == FusedKernel::kNone) {
+      report.warnings.push_back("LibTorch " + report.torch_version + " updates " + optimizers +
+                                " with other bits than either of dkit's kernels (" + mismatch + "), so " +
+                                fused_types_take + " LibTorch's own, slower steps; please report this line");
+    }
+  };
+  warn(fused.sgd, "SGD", "FusedSGD takes", fused.sgd_mismatch);
+  warn(fused.adam, "Adam and AdamW", "FusedAdam and FusedAdamW take", fused.adam_mismatch);
 }
 
 FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups, torch::optim::SGDOptions defaults)

@@ -13,6 +13,8 @@
 
 namespace dkit {
 
+struct DeviceReport;
+
 /// How dkit's fused optimizers (FusedSGD, FusedAdam, FusedAdamW) update CPU parameters in this process.
 enum class FusedKernel {
   /// One pass per parameter, rounding as LibTorch's CPU kernels do when they use fused multiply-adds (the
@@ -36,6 +38,29 @@ FusedKernel fused_sgd_kernel();
 
 /// `fma`, `separate` or `none`, for logs and benchmark notes.
 std::string to_string(FusedKernel kernel);
+
+/// What the probes behind fused_sgd_kernel() and fused_adam_kernel() found in this process: whether dkit's own
+/// updates take the fused optimizers' CPU steps here and, where one does not, why.
+struct FusedKernelReport {
+  /// The instruction set of the update kernels this CPU runs: `default`, `avx2` or `avx512`.
+  std::string instructions;
+  /// fused_sgd_kernel().
+  FusedKernel sgd = FusedKernel::kNone;
+  /// fused_adam_kernel(), FusedAdam's and FusedAdamW's.
+  FusedKernel adam = FusedKernel::kNone;
+  /// When `sgd` is kNone, the values of each probe that differed from torch::optim::SGD's, for each kernel tried,
+  /// e.g. `fma kernel: SGD: param 17/1003; separate kernel: …`; empty otherwise.
+  std::string sgd_mismatch;
+  /// The same for `adam`, against torch::optim::Adam and AdamW.
+  std::string adam_mismatch;
+};
+
+/// Runs both probes if this process has not yet, and says what they found.
+FusedKernelReport fused_kernel_report();
+
+/// Adds `fused` to a `dkit devices` report: a line `Optim` (JSON: `fused_updates`), and a warning for each
+/// optimizer whose steps are LibTorch's own because a probe found no kernel with its bits.
+void add_to_report(const FusedKernelReport& fused, DeviceReport& report);
 
 /// How many distinct threads run the chunks of an `at::parallel_for` over `at::get_num_threads()` items in dkit's
 /// kernel code: that number when dkit was compiled with OpenMP (`DKIT_WITH_OPENMP`), 1 otherwise, since

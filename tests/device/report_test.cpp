@@ -238,6 +238,19 @@ TEST(DeviceReportTest, JsonReportEscapesTextAndReplacesBytesThatAreNotUtf8) {
   EXPECT_NE(json.find(R"("capabilities":{},"gpus":[])"), std::string::npos) << json;
 }
 
+TEST(DeviceReportTest, LinesOfOtherModulesFollowTheCapabilitiesAndBecomeJsonObjects) {
+  DeviceReport report;
+  report.capabilities.push_back({"cuda", false, ""});
+  report.extras.push_back({"Optim", "fused_updates", "fused CPU updates", {{"sgd", "fma"}, {"adam", "none"}}});
+  report.warnings.push_back("careful");
+  const std::string text = format_report(report);
+  EXPECT_NE(text.find("Build  cuda no\nOptim  fused CPU updates\n\nwarning: careful\n"), std::string::npos) << text;
+  const std::string json = report_to_json(report);
+  EXPECT_NE(json.find(R"("gpus":[],"fused_updates":{"sgd":"fma","adam":"none"},"warnings":["careful"]})"),
+            std::string::npos)
+      << json;
+}
+
 TEST(DeviceReportTest, ListsGpus_CUDA) {
   const DeviceReport report = device_report();
   ASSERT_EQ(static_cast<int64_t>(report.gpus.size()), num_gpus());

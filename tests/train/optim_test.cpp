@@ -3,6 +3,8 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/config.h>
 #include <dkit/core/compat.h>
+#include <dkit/device/report.h>
+#include <dkit/train/detail/optim_kernels.h>
 #include <dkit/train/detail/side_by_side.h>
 
 #include <atomic>
@@ -120,6 +122,45 @@ TEST_F(FusedOptimizerTest, UsesItsOwnKernelOnThisMachine) {
   EXPECT_EQ(to_string(FusedKernel::kFusedMultiplyAdd), "fma");
   EXPECT_EQ(to_string(FusedKernel::kSeparateRounding), "separate");
   EXPECT_EQ(to_string(FusedKernel::kNone), "none");
+}
+
+TEST_F(FusedOptimizerTest, KernelReportSaysWhatTheProbesFound) {
+  const FusedKernelReport report = fused_kernel_report();
+  EXPECT_EQ(report.instructions, detail::optim_kernel_builds().back().name);
+  EXPECT_EQ(report.sgd, fused_sgd_kernel());
+  EXPECT_EQ(report.adam, fused_adam_kernel());
+  EXPECT_EQ(report.sgd_mismatch.empty(), report.sgd != FusedKernel::kNone) << report.sgd_mismatch;
+  EXPECT_EQ(report.adam_mismatch.empty(), report.adam != FusedKernel::kNone) << report.adam_mismatch;
+}
+
+TEST_F(FusedOptimizerTest, DeviceReportShowsTheKernelsAndWarnsWhenLibTorchsStepsAreTaken) {
+  DeviceReport report;
+  report.torch_version = "2.11.0";
+  add_to_report({"avx512", FusedKernel::kFusedMultiplyAdd, FusedKernel::kNone, "",
+                 "fma kernel: Adam: param 17/1003; separate kernel: AdamW: exp_avg_sq 3/1003"},
+                report);
+  ASSERT_EQ(report.extras.size(), 1u);
+  EXPECT_EQ(report.extras[0].label, "Optim");
+  EXPECT_EQ(report.extras[0].key, "fused_updates");
+  EXPECT_EQ(report.extras[0].text, "fused CPU updates, avx512 kernels: SGD fma, Adam and AdamW none");
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_EQ(report.warnings[0],
+            "LibTorch 2.11.0 updates Adam and AdamW with other bits than either of dkit's kernels (fma kernel: Adam: "
+            "param 17/1003; separate kernel: AdamW: exp_avg_sq 3/1003), so FusedAdam and FusedAdamW take LibTorch's "
+            "own, slower steps; please report this line");
+  EXPECT_NE(report_to_json(report).find(
+                R"("fused_updates":{"instructions":"avx512","sgd":"fma","adam":"none","sgd_mismatch":"",)"),
+            std::string::npos);
+
+  DeviceReport sgd_report;
+  sgd_report.torch_version = "2.11.0";
+  add_to_report({"avx2", FusedKernel::kNone, FusedKernel::kSeparateRounding, "fma kernel: SGD: param 2/1003", ""},
+                sgd_report);
+  EXPECT_EQ(sgd_report.extras.at(0).text, "fused CPU updates, avx2 kernels: SGD none, Adam and AdamW separate");
+  EXPECT_EQ(sgd_report.warnings,
+            std::vector<std::string>{"LibTorch 2.11.0 updates SGD with other bits than either of dkit's kernels (fma "
+                                     "kernel: SGD: param 2/1003), so FusedSGD takes LibTorch's own, slower steps; "
+                                     "please report this line"});
 }
 
 TEST_F(FusedOptimizerTest, KernelLoopsRunOnEveryIntraOpThreadWhenBuiltWithOpenMp) {
