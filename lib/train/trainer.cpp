@@ -437,6 +437,21 @@ struct Trainer::Impl {
     }
   }
 
+  // How each step runs: its backward pass, and whose updates of the parameters.
+  std::string step_description(bool written_out) const {
+    const FusedKernelReport fused = fused_kernel_report();
+    const FusedKernel kernel = config.optimizer == OptimizerKind::kSgd ? fused.sgd : fused.adam;
+    std::string updates;
+    if (!device.is_cpu()) {
+      updates = "LibTorch's optimizer (dkit's one-pass updates are for CPU parameters)";
+    } else if (kernel == FusedKernel::kNone) {
+      updates = "LibTorch's optimizer (this LibTorch rounds it otherwise than dkit's kernels: see dkit devices)";
+    } else {
+      updates = fmt::format("dkit's one-pass updates ({} kernels, {} rounding)", fused.instructions, to_string(kernel));
+    }
+    return fmt::format("each step: {}, {}", written_out ? "dkit's written-out backward pass" : "autograd", updates);
+  }
+
   void take_step(const Batch& batch, std::optional<TrainStep>& written_out, MetricBuffer& metrics) {
     if (written_out) {
       const StepOutput out = written_out->run(batch.features, batch.labels, batch.global_samples);
@@ -519,6 +534,7 @@ struct Trainer::Impl {
     if (!reducer && data_parallel_devices.empty() && config.precision == Precision::kFloat32) {
       written_out.emplace(model, *optimizer);
     }
+    info(step_description(written_out.has_value() && written_out->direct()));
     int64_t last_validated_step = -1;
     bool finished = step >= total_steps;
     model->train();

@@ -4,6 +4,7 @@
 #include <dkit/core/compat.h>
 #include <dkit/distributed/data_parallel.h>
 #include <dkit/device/host_sync.h>
+#include <dkit/train/optim.h>
 
 #include "../checkpoint/python.h"
 #include "../support.h"
@@ -195,6 +196,18 @@ TEST_F(TrainerTest, Bf16ResumeFromACheckpointIsBitwiseExact) {
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
   const std::string log = test::read_file(tmp_.file("whole/train.log"));
   EXPECT_NE(log.find("precision: the forward pass under autocast to bfloat16"), std::string::npos) << log;
+  EXPECT_NE(log.find("each step: autograd, "), std::string::npos) << log;
+}
+
+TEST_F(TrainerTest, LogSaysHowEachStepRuns) {
+  train(small_run(), tmp_.file("run"));
+  const std::string log = test::read_file(tmp_.file("run/train.log"));
+  const FusedKernelReport fused = fused_kernel_report();
+  const std::string updates =
+      fused.adam == FusedKernel::kNone
+          ? "LibTorch's optimizer (this LibTorch rounds it otherwise than dkit's kernels: see dkit devices)"
+          : "dkit's one-pass updates (" + fused.instructions + " kernels, " + to_string(fused.adam) + " rounding)";
+  EXPECT_NE(log.find("each step: dkit's written-out backward pass, " + updates + "\n"), std::string::npos) << log;
 }
 
 TEST_F(TrainerTest, Bf16WeightsDifferFromFp32Weights) {
