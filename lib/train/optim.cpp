@@ -436,8 +436,12 @@ FusedKernel fused_sgd_kernel() {
   return sgd_probe().kernel;
 }
 
+std::string fused_kernel_instructions() {
+  return widest_build().name;
+}
+
 FusedKernelReport fused_kernel_report() {
-  return {widest_build().name, sgd_probe().kernel, adam_probe().kernel, sgd_probe().mismatch,
+  return {fused_kernel_instructions(), sgd_probe().kernel, adam_probe().kernel, sgd_probe().mismatch,
           adam_probe().mismatch};
 }
 

@@ -39,10 +39,13 @@ FusedKernel fused_sgd_kernel();
 /// `fma`, `separate` or `none`, for logs and benchmark notes.
 std::string to_string(FusedKernel kernel);
 
+/// The instruction set of the update kernels the fused optimizers run on this CPU: `default`, `avx2` or `avx512`.
+std::string fused_kernel_instructions();
+
 /// What the probes behind fused_sgd_kernel() and fused_adam_kernel() found in this process: whether dkit's own
 /// updates take the fused optimizers' CPU steps here and, where one does not, why.
 struct FusedKernelReport {
-  /// The instruction set of the update kernels this CPU runs: `default`, `avx2` or `avx512`.
+  /// fused_kernel_instructions().
   std::string instructions;
   /// fused_sgd_kernel().
   FusedKernel sgd = FusedKernel::kNone;

@@ -439,15 +439,15 @@ struct Trainer::Impl {
 
   // How each step runs: its backward pass, and whose updates of the parameters.
   std::string step_description(bool written_out) const {
-    const FusedKernelReport fused = fused_kernel_report();
-    const FusedKernel kernel = config.optimizer == OptimizerKind::kSgd ? fused.sgd : fused.adam;
+    const FusedKernel kernel = config.optimizer == OptimizerKind::kSgd ? fused_sgd_kernel() : fused_adam_kernel();
     std::string updates;
     if (!device.is_cpu()) {
       updates = "LibTorch's optimizer (dkit's one-pass updates are for CPU parameters)";
     } else if (kernel == FusedKernel::kNone) {
       updates = "LibTorch's optimizer (this LibTorch rounds it otherwise than dkit's kernels: see dkit devices)";
     } else {
-      updates = fmt::format("dkit's one-pass updates ({} kernels, {} rounding)", fused.instructions, to_string(kernel));
+      updates = fmt::format("dkit's one-pass updates ({} kernels, {} rounding)", fused_kernel_instructions(),
+                            to_string(kernel));
     }
     return fmt::format("each step: {}, {}", written_out ? "dkit's written-out backward pass" : "autograd", updates);
   }

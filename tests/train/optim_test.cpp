@@ -127,6 +127,7 @@ TEST_F(FusedOptimizerTest, UsesItsOwnKernelOnThisMachine) {
 TEST_F(FusedOptimizerTest, KernelReportSaysWhatTheProbesFound) {
   const FusedKernelReport report = fused_kernel_report();
   EXPECT_EQ(report.instructions, detail::optim_kernel_builds().back().name);
+  EXPECT_EQ(fused_kernel_instructions(), report.instructions);
   EXPECT_EQ(report.sgd, fused_sgd_kernel());
   EXPECT_EQ(report.adam, fused_adam_kernel());
   EXPECT_EQ(report.sgd_mismatch.empty(), report.sgd != FusedKernel::kNone) << report.sgd_mismatch;
