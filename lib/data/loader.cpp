@@ -39,10 +39,6 @@ bool sole_owner(const at::Tensor& buffer) {
   return buffer.defined() && buffer.storage().use_count() == 1;
 }
 
-Device with_index(const Device& device) {
-  return device.is_cuda() && !device.has_index() ? gpu(0) : device;
-}
-
 } // namespace
 
 Placement parse_placement(std::string_view name) {

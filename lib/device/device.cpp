@@ -22,13 +22,6 @@
 namespace dkit {
 namespace {
 
-Device normalize(const Device& device) {
-  if (device.is_cuda() && !device.has_index()) {
-    return gpu(0);
-  }
-  return device;
-}
-
 int64_t resident_set_bytes() {
   std::ifstream statm("/proc/self/statm");
   int64_t size_pages = 0;
@@ -71,6 +64,10 @@ Device gpu(int64_t i) {
   return Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(i));
 }
 
+Device with_index(const Device& device) {
+  return device.is_cuda() && !device.has_index() ? gpu(0) : device;
+}
+
 int64_t num_gpus() {
   return static_cast<int64_t>(torch::cuda::device_count());
 }
@@ -109,7 +106,7 @@ bool is_available(const Device& device) {
     return true;
   }
   if (device.is_cuda()) {
-    return normalize(device).index() < num_gpus();
+    return with_index(device).index() < num_gpus();
   }
   return false;
 }
@@ -166,7 +163,7 @@ Device parse_device(std::string_view text) {
 }
 
 at::Tensor to_device(const at::Tensor& tensor, const Device& device) {
-  const Device target = normalize(device);
+  const Device target = with_index(device);
   if (tensor.device() == target) {
     return tensor;
   }
@@ -193,7 +190,7 @@ void check_same_device(std::initializer_list<NamedTensor> tensors) {
 }
 
 void place_module(torch::nn::Module& module, const Device& device) {
-  const Device target = normalize(device);
+  const Device target = with_index(device);
   DKIT_CHECK(is_available(target), "cannot place module on '", target.str(),
              "': not available; available devices: ", available_devices());
   module.to(target);
@@ -223,7 +220,7 @@ MemoryStats memory_stats(const Device& device) {
     stats.peak_allocated_bytes = peak_resident_set_bytes();
     return stats;
   }
-  const Device target = normalize(device);
+  const Device target = with_index(device);
   DKIT_CHECK(is_available(target), "no memory statistics for '", target.str(),
              "': not available; available devices: ", available_devices());
 #if DKIT_WITH_CUDA
@@ -243,7 +240,7 @@ void reset_peak_memory_stats(const Device& device) {
     return;
   }
 #if DKIT_WITH_CUDA
-  const Device target = normalize(device);
+  const Device target = with_index(device);
   if (is_available(target) && cuda_allocator_initialized()) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(target.index());
   }

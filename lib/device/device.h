@@ -33,6 +33,10 @@ Device gpu(int64_t i = 0);
 /// How many CUDA devices this process can use; 0 on a build without CUDA or with no visible GPU.
 int64_t num_gpus();
 
+/// `device` with an index: `cuda` without one is `cuda:0`, as parse_device() reads it; any other device is
+/// returned as it is.
+Device with_index(const Device& device);
+
 /// CPUs this process may run on (its affinity mask), which may be fewer than the machine has; 0 when unknown.
 int cpu_count();
 

@@ -24,10 +24,6 @@ std::string join(const std::vector<std::string>& names) {
   return text;
 }
 
-Device with_index(const Device& device) {
-  return device.is_cuda() && !device.has_index() ? gpu(0) : device;
-}
-
 float host_scalar(const at::Tensor& value) {
   float out = 0;
   AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, value.scalar_type(), "MetricBuffer::add",

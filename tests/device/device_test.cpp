@@ -21,6 +21,13 @@ TEST_F(DeviceTest, CpuAndGpuNameTheirDevices) {
   EXPECT_EQ(gpu(3).str(), "cuda:3");
 }
 
+TEST_F(DeviceTest, WithIndexGivesBareCudaTheFirstGpuAndLeavesOtherDevices) {
+  EXPECT_EQ(with_index(Device(c10::DeviceType::CUDA)), gpu(0));
+  EXPECT_EQ(with_index(gpu(3)), gpu(3));
+  EXPECT_EQ(with_index(cpu()), cpu());
+  EXPECT_EQ(with_index(Device("cuda")).str(), "cuda:0");
+}
+
 TEST_F(DeviceTest, NumGpusMatchesLibTorch) {
   EXPECT_EQ(num_gpus(), static_cast<int64_t>(torch::cuda::device_count()));
   if (!DKIT_WITH_CUDA) {

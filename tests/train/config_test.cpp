@@ -268,9 +268,8 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {
-  std::ifstream in(std::string(DKIT_SOURCE_DIR) + "/README.md");
-  ASSERT_TRUE(in.good());
-  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string readme = test::read_file(std::string(DKIT_SOURCE_DIR) + "/README.md");
+  ASSERT_FALSE(readme.empty());
   for (const auto& key : config_keys()) {
     const std::string quoted = key.default_value.front() == '(' ? key.default_value : "`" + key.default_value + "`";
     const std::string row = "| `" + key.name + "` | " + key.type + " | " + quoted + " | " + key.meaning + " |";

@@ -115,8 +115,7 @@ TEST_F(TrainerTest, TrainsAndWritesEveryOutput) {
     ++rows;
   }
   EXPECT_EQ(rows, 6 + 3) << "a row per log flush (30 steps / 5) and per epoch";
-  std::ifstream json(tmp_.file("run/summary.json"));
-  const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  const std::string text = test::read_file(tmp_.file("run/summary.json"));
   for (const char* key : {"\"device\"", "\"steps\"", "\"samples\"", "\"train_seconds\"", "\"samples_per_second\"",
                           "\"final_loss\"", "\"val_accuracy\"", "\"peak_memory_bytes\""}) {
     EXPECT_NE(text.find(key), std::string::npos) << key;
