@@ -91,7 +91,7 @@ int run_bench(Args args) {
   const auto threads = result["threads"].as<int64_t>();
   DKIT_CHECK(threads >= 0, "--threads must be 1 or more (0 for LibTorch's default), got ", threads);
   if (threads > 0) {
-    at::set_num_threads(static_cast<int>(threads));
+    set_cpu_threads(threads);
   }
   if (result.count("python") != 0) {
     suite_options.python(result["python"].as<std::string>());

@@ -402,6 +402,12 @@ int64_t Loader::samples_per_epoch() const {
   return impl_->used;
 }
 
+int64_t Loader::batch_rows(int64_t batch) const {
+  DKIT_CHECK(batch >= 0 && batch < impl_->batches, "batch ", batch, " is out of range: an epoch has ",
+             impl_->batches, " batches");
+  return impl_->range(batch).rows;
+}
+
 void Loader::start_epoch(int64_t epoch, int64_t skip_batches) {
   impl_->start_epoch(epoch, skip_batches);
 }

@@ -124,6 +124,9 @@ class Loader {
   int64_t batches_per_epoch() const;
   /// Samples visited per epoch over all ranks: `n`, or `batches_per_epoch() * B * W` with drop_last.
   int64_t samples_per_epoch() const;
+  /// This process's rows in batch `batch` of every epoch, in [0, batches_per_epoch()): `batch_size`, or fewer in a
+  /// short last batch (0 for the higher ranks when it is short enough).
+  int64_t batch_rows(int64_t batch) const;
 
   /// Starts `epoch` at batch `skip_batches` (the batches a resumed run already did in it). Stops any prefetching of
   /// the previous epoch.

@@ -261,9 +261,9 @@ struct TrainStep::Direct {
   // Whether this step's backward pass runs beside the fused optimizer's updates: two intra-op threads, each
   // taking one of a layer's two products, and a batch small enough that LibTorch's two threads in one product
   // would spend more on handing work over than the product takes.
-  bool beside(const at::Tensor& features) const {
+  bool beside(int64_t batch_rows) const {
     return DKIT_WITH_OPENMP && at::get_num_threads() == 2 && !at::in_parallel_region() &&
-           features.device().is_cpu() && features.size(0) <= kBesideRows;
+           weights.front().device().is_cpu() && batch_rows > 0 && batch_rows <= kBesideRows;
   }
 
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
@@ -289,7 +289,7 @@ struct TrainStep::Direct {
       biases[i].mutable_grad() = bias_grads[i];
     }
     std::optional<FusedStep> updates;
-    if (fused != nullptr && beside(features)) {
+    if (fused != nullptr && beside(features.size(0))) {
       updates = fused->begin_step();
     }
     last_beside = updates.has_value();
@@ -453,6 +453,13 @@ bool TrainStep::direct() const {
 
 bool TrainStep::ran_beside() const {
   return direct_ != nullptr && direct_->last_beside;
+}
+
+void TrainStep::prepare(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "TrainStep::prepare needs a row count of 0 or more, got ", rows);
+  if (direct_ && fused_ != nullptr && direct_->beside(rows)) {
+    direct_->plan_for(rows);
+  }
 }
 
 StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {

@@ -142,7 +142,7 @@ struct Trainer::Impl {
   void apply_process_settings() {
     const int64_t cpus = std::max<int64_t>(cpu_count(), 1);
     const int64_t share = group ? std::max<int64_t>(1, cpus / group->launch().local_world_size) : cpus;
-    at::set_num_threads(static_cast<int>(config.threads > 0 ? config.threads : share));
+    set_cpu_threads(config.threads > 0 ? config.threads : share);
     torch::manual_seed(static_cast<uint64_t>(config.seed));
   }
 
@@ -533,6 +533,8 @@ struct Trainer::Impl {
     std::optional<TrainStep> written_out;
     if (!reducer && data_parallel_devices.empty() && config.precision == Precision::kFloat32) {
       written_out.emplace(model, *optimizer);
+      written_out->prepare(loader.batch_rows(0));
+      written_out->prepare(loader.batch_rows(loader.batches_per_epoch() - 1));
     }
     info(step_description(written_out.has_value() && written_out->direct()));
     int64_t last_validated_step = -1;

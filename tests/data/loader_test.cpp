@@ -59,6 +59,8 @@ TEST_F(LoaderTest, CountsBatchesWithAndWithoutDropLast) {
   EXPECT_EQ(batches[3].global_samples, 1);
   EXPECT_EQ(batches[3].index, 3);
   EXPECT_EQ(batches[0].global_samples, 3);
+  EXPECT_EQ(keep.batch_rows(0), 3);
+  EXPECT_EQ(keep.batch_rows(3), 1);
 
   Loader drop(indexed(10), cpu(), LoaderOptions(3).drop_last(true));
   EXPECT_EQ(drop.batches_per_epoch(), 3);
@@ -66,6 +68,7 @@ TEST_F(LoaderTest, CountsBatchesWithAndWithoutDropLast) {
   for (const auto& batch : epoch_batches(drop, 0)) {
     EXPECT_EQ(batch.size(), 3);
   }
+  EXPECT_EQ(drop.batch_rows(2), 3);
   Loader exact(indexed(9), cpu(), LoaderOptions(3).drop_last(true));
   EXPECT_EQ(exact.batches_per_epoch(), 3);
 }
@@ -126,6 +129,9 @@ TEST_F(LoaderTest, ARankMayGetAnEmptyShareOfTheLastBatch) {
     Loader loader(indexed(13), cpu(), LoaderOptions(3).rank(rank).world_size(4));
     shards.push_back(epoch_batches(loader, 0));
     ASSERT_EQ(shards.back().size(), 2u);
+    for (int64_t b = 0; b < 2; ++b) {
+      EXPECT_EQ(loader.batch_rows(b), shards.back()[static_cast<size_t>(b)].size()) << "rank " << rank << " batch " << b;
+    }
   }
   EXPECT_EQ(shards[0][1].size(), 1);
   for (int64_t rank = 1; rank < 4; ++rank) {
@@ -314,6 +320,8 @@ TEST_F(LoaderTest, RejectsBadOptions) {
   Loader loader(indexed(10), cpu(), LoaderOptions(3));
   EXPECT_EQ(error_message([&] { loader.next(); }), "Loader::next() called before start_epoch()");
   EXPECT_EQ(error_message([&] { loader.start_epoch(0, 5); }), "cannot skip 5 batches of epoch 0: it has 4");
+  EXPECT_EQ(error_message([&] { loader.batch_rows(4); }), "batch 4 is out of range: an epoch has 4 batches");
+  EXPECT_EQ(error_message([&] { loader.batch_rows(-1); }), "batch -1 is out of range: an epoch has 4 batches");
 }
 
 TEST_F(LoaderTest, ParsesPlacementNames) {

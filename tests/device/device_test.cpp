@@ -5,6 +5,8 @@
 
 #include "../support.h"
 
+#include <ATen/Parallel.h>
+
 #include <sched.h>
 
 namespace dkit {
@@ -26,6 +28,15 @@ TEST_F(DeviceTest, WithIndexGivesBareCudaTheFirstGpuAndLeavesOtherDevices) {
   EXPECT_EQ(with_index(gpu(3)), gpu(3));
   EXPECT_EQ(with_index(cpu()), cpu());
   EXPECT_EQ(with_index(Device("cuda")).str(), "cuda:0");
+}
+
+TEST_F(DeviceTest, SetCpuThreadsSetsLibTorchsThreads) {
+  const int previous = at::get_num_threads();
+  set_cpu_threads(previous == 1 ? 2 : 1);
+  const int set = at::get_num_threads();
+  at::set_num_threads(previous);
+  EXPECT_EQ(set, previous == 1 ? 2 : 1);
+  EXPECT_EQ(error_message([] { set_cpu_threads(0); }), "CPU threads must be in [1, 2147483647], got 0");
 }
 
 TEST_F(DeviceTest, NumGpusMatchesLibTorch) {

@@ -2,11 +2,15 @@
 
 #include <dkit/config.h>
 #include <dkit/device/device.h>
+#include <dkit/train/detail/side_by_side.h>
 #include <dkit/train/optim.h>
 
 #include "../support.h"
 
+#include <filesystem>
 #include <limits>
+#include <set>
+#include <thread>
 
 namespace dkit {
 namespace {
@@ -251,6 +255,81 @@ TEST_F(TrainStepTest, OnlyAFusedOptimizerOnTwoThreadsRunsBesideTheBackwardPass) 
   EXPECT_FALSE(plain_beside);
   EXPECT_EQ(fused_beside, DKIT_WITH_OPENMP == 1);
   EXPECT_FALSE(one_thread_beside);
+}
+
+// prepare() makes the checks that decide how the backward pass runs beside the updates before the first step, so
+// that steps of the prepared sizes run none; a step of another size still makes its own. The model's widths are used
+// by no other test, so that its checks are this test's own.
+TEST_F(TrainStepTest, PrepareMakesTheSplitChecksBeforeTheFirstStep) {
+  if (DKIT_WITH_OPENMP != 1) {
+    GTEST_SKIP() << "a step runs beside the updates only in builds with OpenMP";
+  }
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(2);
+  Mlp net(MlpOptions(19, {23, 29}, 7));
+  FusedSGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05));
+  TrainStep step(net, optimizer);
+  step.prepare(13);
+  step.prepare(11);
+  const int64_t prepared = detail::split_probes_run();
+  std::vector<bool> beside;
+  for (const int64_t rows : {13, 11, 13}) {
+    step.run(torch::randn({rows, 19}), torch::randint(0, 7, {rows}), rows);
+    beside.push_back(step.ran_beside());
+  }
+  const int64_t after_prepared_steps = detail::split_probes_run();
+  step.run(torch::randn({17, 19}), torch::randint(0, 7, {17}), 17);
+  const int64_t after_other_step = detail::split_probes_run();
+  at::set_num_threads(previous_threads);
+  EXPECT_EQ(beside, std::vector<bool>(3, true));
+  EXPECT_EQ(after_prepared_steps, prepared);
+  EXPECT_GT(after_other_step, after_prepared_steps);
+  EXPECT_EQ(test::error_message([&] { step.prepare(-1); }), "TrainStep::prepare needs a row count of 0 or more, got -1");
+}
+
+std::set<std::string> thread_ids() {
+  std::set<std::string> ids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    ids.insert(entry.path().filename().string());
+  }
+  return ids;
+}
+
+// Whether the first step beside the updates, on a new thread (with an OpenMP pool of its own, new too), starts or
+// ends none of the process's threads, after `set_threads` set two CPU threads there and the step was prepared.
+bool first_beside_step_keeps_the_threads(void (*set_threads)()) {
+  bool same = false;
+  bool beside = false;
+  std::thread([&] {
+    set_threads();
+    Mlp net(MlpOptions(12, {16}, 3));
+    FusedSGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05));
+    TrainStep step(net, optimizer);
+    step.prepare(8);
+    const at::Tensor x = torch::randn({8, 12});
+    const at::Tensor y = torch::randint(0, 3, {8});
+    const auto before = thread_ids();
+    step.run(x, y, 8);
+    same = thread_ids() == before;
+    beside = step.ran_beside();
+  }).join();
+  EXPECT_TRUE(beside);
+  return same;
+}
+
+// LibTorch applies its thread settings on an intra-op thread the first time that thread asks for them (LibTorch
+// 1.13 starts its pthreadpool afresh then), and OpenMP starts a master's threads at its first region: with
+// set_cpu_threads() both happen there, and not in the first step.
+TEST_F(TrainStepTest, AfterSetCpuThreadsTheFirstStepStartsNoThread) {
+  if (DKIT_WITH_OPENMP != 1) {
+    GTEST_SKIP() << "a step runs beside the updates only in builds with OpenMP";
+  }
+  const int previous_threads = at::get_num_threads();
+  const bool ready = first_beside_step_keeps_the_threads([] { set_cpu_threads(2); });
+  const bool unready = first_beside_step_keeps_the_threads([] { at::set_num_threads(2); });
+  at::set_num_threads(previous_threads);
+  EXPECT_TRUE(ready);
+  EXPECT_FALSE(unready) << "with at::set_num_threads() alone, the first step starts the threads";
 }
 
 // A parameter the optimizer holds beside the model's is updated too, after the layers' own.

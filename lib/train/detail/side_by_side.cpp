@@ -150,6 +150,8 @@ void in_region(bool both, const Compute& compute) {
   });
 }
 
+std::atomic<int64_t> split_probes{0};
+
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel()) * a.element_size()) == 0;
@@ -243,7 +245,12 @@ bool splits_bitwise(BackwardOp op, OpSplit split, int64_t m, int64_t k, int64_t 
   }
   const bool same = probe_split(op, split, m, k, n);
   found.emplace(key, same);
+  split_probes.fetch_add(1, std::memory_order_relaxed);
   return same;
+}
+
+int64_t split_probes_run() {
+  return split_probes.load(std::memory_order_relaxed);
 }
 
 } // namespace dkit::detail

@@ -71,4 +71,7 @@ enum class OpSplit { kOneThread, kRowHalves };
 /// draws of them): the order of a BLAS's sums depends on the sizes, not on the values.
 bool splits_bitwise(BackwardOp op, OpSplit split, int64_t m, int64_t k, int64_t n);
 
+/// How many of splits_bitwise()'s probes this process has run (each argument set and thread count once).
+int64_t split_probes_run();
+
 } // namespace dkit::detail
