@@ -5,7 +5,6 @@
 #include <dkit/core/error.h>
 #include <dkit/device/device.h>
 
-#include <ATen/Parallel.h>
 #include <cxxopts.hpp>
 
 #include <iostream>
@@ -45,7 +44,7 @@ int run_bench(Args args) {
   options.add_options()("steps", "steps per timed run (logging, train); 0: the suite's default (logging: 1000, "
                                  "train: a quarter of a second's worth)",
                         cxxopts::value<int64_t>()->default_value("0"), "N");
-  options.add_options()("threads", "LibTorch's CPU threads (at::set_num_threads) for the whole run; 0: leave "
+  options.add_options()("threads", "LibTorch's CPU threads (dkit::set_cpu_threads) for the whole run; 0: leave "
                                    "LibTorch's default",
                         cxxopts::value<int64_t>()->default_value("0"), "N");
   options.add_options()("python", "Python interpreter with torch for train's PyTorch side; 'none' to leave it out "

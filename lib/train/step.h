@@ -66,6 +66,7 @@ class TrainStep {
   /// each. Optional: run() makes them when they are missing. dkit::Trainer calls it before it starts timing steps,
   /// for its full batches and its short last one.
   void prepare(int64_t rows);
+
   /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
   bool direct() const;
 
