@@ -9,7 +9,6 @@
 #include "../support.h"
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace dkit {

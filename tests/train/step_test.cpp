@@ -296,7 +296,9 @@ std::set<std::string> thread_ids() {
 }
 
 // Whether the first step beside the updates, on a new thread (with an OpenMP pool of its own, new too), starts or
-// ends none of the process's threads, after `set_threads` set two CPU threads there and the step was prepared.
+// ends none of the process's threads, after `set_threads` set two CPU threads there and the step was prepared. The
+// model's sizes are the same on every call, so that only the first call's prepare() runs the checks (in a region
+// of its own): later calls see the first step of a pool that nothing else has started.
 bool first_beside_step_keeps_the_threads(void (*set_threads)()) {
   bool same = false;
   bool beside = false;
