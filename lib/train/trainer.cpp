@@ -344,8 +344,11 @@ struct Trainer::Impl {
     const auto [val_loss, val_accuracy] = validate();
     summary.val_accuracy = val_accuracy;
     run->add_val_row(step, epoch + 1, val_loss, val_accuracy);
-    info(fmt::format("epoch {}/{} done at step {}: val loss {} val acc {}", epoch + 1, config.epochs, step,
-                     format_fixed(val_loss, 4), format_fixed(val_accuracy, 4)),
+    std::string validation = " (no validation part)";
+    if (data->val_size > 0) {
+      validation = fmt::format(": val loss {} val acc {}", format_fixed(val_loss, 4), format_fixed(val_accuracy, 4));
+    }
+    info(fmt::format("epoch {}/{} done at step {}{}", epoch + 1, config.epochs, step, validation),
          /*headline=*/true);
   }
 
@@ -583,10 +586,10 @@ struct Trainer::Impl {
     summary.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;
     summary.host_syncs = host_sync_count() - syncs_before;
     run->write_summary(summary);
-    info(fmt::format("done: {} steps, {} samples in {} s of training ({} samples/s), final loss {}, val acc {}",
-                     summary.steps, summary.samples, format_fixed(summary.train_seconds, 3),
+    info(fmt::format("done: {} steps, {} samples in {} s of training ({} samples/s), final loss {}{}", summary.steps,
+                     summary.samples, format_fixed(summary.train_seconds, 3),
                      format_rate(summary.samples_per_second), format_fixed(summary.final_loss, 4),
-                     format_fixed(summary.val_accuracy, 4)));
+                     data->val_size == 0 ? "" : ", val acc " + format_fixed(summary.val_accuracy, 4)));
     return summary;
   }
 };

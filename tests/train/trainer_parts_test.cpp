@@ -8,6 +8,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -118,6 +120,22 @@ TEST_F(TrainerPartsTest, TheCallerSeesEveryFlushAndEveryHeadline) {
   ASSERT_EQ(headlines.size(), 4u) << "the start line and one per epoch";
   EXPECT_EQ(headlines[0].rfind("training ", 0), 0u) << headlines[0];
   EXPECT_EQ(headlines[3].rfind("epoch 3/3 done at step 30: val loss ", 0), 0u) << headlines[3];
+}
+
+TEST_F(TrainerPartsTest, WithoutAValidationPartTheEpochAndFinalLinesSaySoRatherThanPrintNan) {
+  std::vector<std::string> lines;
+  TrainerOptions options(tmp_.file("run"));
+  options.on_log([&](const LogLine& line) { lines.push_back(line.text); });
+  const TrainSummary summary = Trainer(small_run({"data.val_fraction=0"}), std::move(options)).run();
+  EXPECT_TRUE(std::isnan(summary.val_accuracy));
+  ASSERT_GE(lines.size(), 2u);
+  const std::string steps = std::to_string(summary.steps);
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "epoch 3/3 done at step " + steps + " (no validation part)"),
+            lines.end());
+  EXPECT_EQ(lines.back().rfind("done: " + steps + " steps, ", 0), 0u) << lines.back();
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.find("nan"), std::string::npos) << line;
+  }
 }
 
 TEST_F(TrainerPartsTest, WithoutBeingAskedTheTrainerLeavesTheProcessSettingsAlone) {
