@@ -308,8 +308,13 @@ struct Trainer::Impl {
     return stop;
   }
 
+  // Whether the run holds out validation rows (over all ranks; a rank's own slice may be empty).
+  bool has_validation() const {
+    return data->val_size > 0;
+  }
+
   std::pair<double, double> validate() {
-    if (!data->val_features.defined()) {
+    if (!has_validation()) {
       return {std::nan(""), std::nan("")};
     }
     torch::NoGradGuard no_grad;
@@ -345,7 +350,7 @@ struct Trainer::Impl {
     summary.val_accuracy = val_accuracy;
     run->add_val_row(step, epoch + 1, val_loss, val_accuracy);
     std::string validation = " (no validation part)";
-    if (data->val_size > 0) {
+    if (has_validation()) {
       validation = fmt::format(": val loss {} val acc {}", format_fixed(val_loss, 4), format_fixed(val_accuracy, 4));
     }
     info(fmt::format("epoch {}/{} done at step {}{}", epoch + 1, config.epochs, step, validation),
@@ -589,7 +594,7 @@ struct Trainer::Impl {
     info(fmt::format("done: {} steps, {} samples in {} s of training ({} samples/s), final loss {}{}", summary.steps,
                      summary.samples, format_fixed(summary.train_seconds, 3),
                      format_rate(summary.samples_per_second), format_fixed(summary.final_loss, 4),
-                     data->val_size == 0 ? "" : ", val acc " + format_fixed(summary.val_accuracy, 4)));
+                     has_validation() ? ", val acc " + format_fixed(summary.val_accuracy, 4) : ""));
     return summary;
   }
 };
