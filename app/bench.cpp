@@ -47,10 +47,11 @@ int run_bench(Args args) {
   options.add_options()("threads", "LibTorch's CPU threads (dkit::set_cpu_threads) for the whole run; 0: leave "
                                    "LibTorch's default",
                         cxxopts::value<int64_t>()->default_value("0"), "N");
-  options.add_options()("python", "Python interpreter with torch for train's PyTorch side; 'none' to leave it out "
-                                  "(default: /usr/bin/python3 when it exists, else python3)",
+  options.add_options()("python", "Python interpreter with torch for the PyTorch side of train, optimizers and "
+                                  "precision; 'none' to leave it out (default: /usr/bin/python3 when it exists, else "
+                                  "python3)",
                         cxxopts::value<std::string>(), "PATH");
-  options.add_options()("python-script", "train's PyTorch script (default: mlp_train.py beside this program, "
+  options.add_options()("python-script", "the PyTorch side's script (default: mlp_train.py beside this program, "
                                          "else share/dkit/mlp_train.py of its install)",
                         cxxopts::value<std::string>(), "FILE");
   options.add_options()("quick", "smaller default sizes and fewer steps: seconds instead of minutes");

@@ -168,6 +168,8 @@ std::vector<Suite>& registry() {
        nullptr, bench_train},
       {"optimizers", "MLP steps per optimizer at batch 64, 256, 1024: fused vs LibTorch's, the matmul limit, PyTorch",
        nullptr, bench_optimizers},
+      {"precision", "MLP steps in fp32, bf16, fp16 at batch 64, 256, 1024: dkit, its products alone, PyTorch autocast",
+       nullptr, bench_precision},
   };
   return suites;
 }

@@ -32,12 +32,13 @@ struct SuiteOptions {
   TORCH_ARG(int64_t, steps) = 0;
   /// Smaller default sizes and fewer steps, for a run of seconds rather than minutes.
   TORCH_ARG(bool, quick) = false;
-  /// Python interpreter for the `train` and `optimizers` suites' PyTorch side (bench/python/mlp_train.py); empty for
-  /// `/usr/bin/python3` when it exists, else `python3` from the PATH; `none` to leave PyTorch out.
+  /// Python interpreter for the `train`, `optimizers` and `precision` suites' PyTorch side
+  /// (bench/python/mlp_train.py); empty for `/usr/bin/python3` when it exists, else `python3` from the PATH; `none`
+  /// to leave PyTorch out.
   TORCH_ARG(std::string, python) = "";
-  /// The `train` and `optimizers` suites' Python script; empty for `mlp_train.py` beside the running program
-  /// (where the build copies bench/python/mlp_train.py), else `../share/dkit/mlp_train.py` relative to it (where
-  /// `cmake --install` puts it).
+  /// The `train`, `optimizers` and `precision` suites' Python script; empty for `mlp_train.py` beside the running
+  /// program (where the build copies bench/python/mlp_train.py), else `../share/dkit/mlp_train.py` relative to it
+  /// (where `cmake --install` puts it).
   TORCH_ARG(std::string, python_script) = "";
   /// Called with a line as each case starts, so that a long run shows progress; empty for silence.
   TORCH_ARG(std::function<void(const std::string&)>, progress) = nullptr;
@@ -113,6 +114,12 @@ SuiteResult bench_train(const SuiteOptions& options);
 /// step with its fused optimizer and with LibTorch's own, the step's matrix products alone (the limit), and
 /// PyTorch eager with the same optimizer side by side; ms per step, the ratio to the limit and to PyTorch.
 SuiteResult bench_optimizers(const SuiteOptions& options);
+
+/// `precision`: MLP [64, 256, 256, 10] training steps with Adam at batch sizes `sizes` (default 64, 256, 1024) in
+/// each precision this LibTorch can autocast to on the device (fp32, bf16, fp16): dkit's step as `train.precision`
+/// runs it, the step's matrix products alone in that dtype, and PyTorch eager under torch.autocast side by side;
+/// ms per step, the ratio to fp32 and to PyTorch, and the CPU's flags for bfloat16 and float16.
+SuiteResult bench_precision(const SuiteOptions& options);
 
 /// Why `transfer` cannot run with these options; empty when it can.
 std::string transfer_unsupported(const SuiteOptions& options);

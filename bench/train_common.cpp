@@ -212,8 +212,15 @@ const std::vector<BenchOptimizer>& bench_optimizers() {
   return optimizers;
 }
 
+const BenchOptimizer& find_bench_optimizer(std::string_view name) {
+  const auto& all = bench_optimizers();
+  const auto found = std::find_if(all.begin(), all.end(), [&](const BenchOptimizer& o) { return o.name == name; });
+  TORCH_INTERNAL_ASSERT(found != all.end(), "bench_optimizers() has no '", name, "'");
+  return *found;
+}
+
 TrainRunner::TrainRunner(const Dataset& data, const Device& device, int64_t batch, Placement placement,
-                         const BenchOptimizer& optimizer, bool fused, bool graph)
+                         const BenchOptimizer& optimizer, bool fused, bool graph, Precision precision)
     : loader_(data, device, LoaderOptions(batch).placement(placement).drop_last(true).seed(1)),
       model_(MlpOptions(kFeatures, hidden_sizes(), kClasses)),
       metrics_({"loss_sum", "correct"}, device, kLogEvery) {
@@ -228,7 +235,11 @@ TrainRunner::TrainRunner(const Dataset& data, const Device& device, int64_t batc
 #else
   TORCH_INTERNAL_ASSERT(!graph, "a CUDA graph step needs a CUDA build");
 #endif
-  step_.emplace(model_, *optimizer_);
+  TORCH_INTERNAL_ASSERT(!graph || precision == Precision::kFloat32, "the CUDA graph step trains in float32");
+  if (precision == Precision::kFloat16) {
+    scaler_ = std::make_unique<GradScaler>();
+  }
+  step_.emplace(model_, *optimizer_, TrainStepOptions().precision(precision).scaler(scaler_.get()));
   loader_.start_epoch(epoch_);
 }
 
@@ -257,16 +268,19 @@ void TrainRunner::step() {
   }
 }
 
-MatmulLimit::MatmulLimit(const Device& device, int64_t batch) {
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+MatmulLimit::MatmulLimit(const Device& device, int64_t batch, c10::ScalarType dtype) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const auto random = [&](at::IntArrayRef sizes) {
+    return at::randn(sizes, options.dtype(at::kFloat)).to(dtype);
+  };
   std::vector<int64_t> widths = {kFeatures};
   widths.insert(widths.end(), hidden_sizes().begin(), hidden_sizes().end());
   widths.push_back(kClasses);
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    weights_.push_back(at::randn({widths[i + 1], widths[i]}, options));
-    inputs_.push_back(at::randn({batch, widths[i]}, options));
+    weights_.push_back(random({widths[i + 1], widths[i]}));
+    inputs_.push_back(random({batch, widths[i]}));
     outputs_.push_back(at::empty({batch, widths[i + 1]}, options));
-    output_grads_.push_back(at::randn({batch, widths[i + 1]}, options));
+    output_grads_.push_back(random({batch, widths[i + 1]}));
     weight_grads_.push_back(at::empty({widths[i + 1], widths[i]}, options));
     input_grads_.push_back(at::empty({batch, widths[i]}, options));
   }

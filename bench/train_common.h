@@ -1,7 +1,7 @@
 #pragma once
 
-// Internal to the `train` and `optimizers` suites: the MLP they train, the optimizers they compare, a runner of
-// dkit's training step, the matrix products alone, and the PyTorch side (bench/python/mlp_train.py).
+// Internal to the `train`, `optimizers` and `precision` suites: the MLP they train, the optimizers they compare, a
+// runner of dkit's training step, the matrix products alone, and the PyTorch side (bench/python/mlp_train.py).
 
 #include <dkit/bench/suites.h>
 #include <dkit/bench/timing.h>
@@ -11,6 +11,7 @@
 #include <dkit/device/device.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/amp.h>
 #include <dkit/train/step.h>
 
 #include <torch/optim/optimizer.h>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -68,18 +70,23 @@ struct BenchOptimizer {
   std::string describe() const;
 };
 
+/// The optimizer of bench_optimizers() called `name`; an internal error when there is none.
+const BenchOptimizer& find_bench_optimizer(std::string_view name);
+
 /// The optimizers of the `optimizers` suite: SGD plain (lr 0.05), with momentum 0.9, with Nesterov momentum and
 /// weight decay 5e-4; Adam (lr 1e-3); AdamW (lr 1e-3, weight decay 0.01).
 const std::vector<BenchOptimizer>& bench_optimizers();
 
 /// dkit's training step as dkit::Trainer runs it: its Loader, an Mlp, an optimizer, TrainStep (or a CUDA graph
-/// step) and a MetricBuffer flushed every kLogEvery steps, stepping through the data epoch after epoch.
+/// step) in a precision (float16 with a GradScaler, as `train.precision`) and a MetricBuffer flushed every kLogEvery
+/// steps, stepping through the data epoch after epoch.
 class TrainRunner {
  public:
   /// A runner over `data` on `device` at `batch` rows per step, with `optimizer` (dkit's fused one when `fused`);
-  /// `graph` takes the CUDA graph step (CUDA builds, Adam only).
+  /// `graph` takes the CUDA graph step (CUDA builds, Adam and float32 only). An error when this LibTorch has no
+  /// autocast in `precision` on the device.
   TrainRunner(const Dataset& data, const Device& device, int64_t batch, Placement placement,
-              const BenchOptimizer& optimizer, bool fused, bool graph);
+              const BenchOptimizer& optimizer, bool fused, bool graph, Precision precision = Precision::kFloat32);
 
   /// Whether the loader pins its buffers.
   bool pinned() const;
@@ -92,6 +99,7 @@ class TrainRunner {
   int64_t epoch_ = 0;
   Mlp model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<GradScaler> scaler_;
   std::optional<TrainStep> step_;
 #if DKIT_WITH_CUDA
   std::unique_ptr<CudaGraphStep> graph_;
@@ -104,8 +112,8 @@ class TrainRunner {
 /// for the first layer) the input gradient, into buffers kept from call to call.
 class MatmulLimit {
  public:
-  /// The products of a step of `batch` rows on `device`.
-  MatmulLimit(const Device& device, int64_t batch);
+  /// The products of a step of `batch` rows on `device`, in `dtype` (autocast's products are bfloat16 or float16).
+  MatmulLimit(const Device& device, int64_t batch, c10::ScalarType dtype = c10::kFloat);
 
   /// One step's products.
   void step();
@@ -226,7 +234,7 @@ struct PythonSide {
 /// The PyTorch side `options` ask for.
 PythonSide python_side(const SuiteOptions& options);
 
-/// What the `train` and `optimizers` suites resolve from SuiteOptions before they time anything.
+/// What the `train`, `optimizers` and `precision` suites resolve from SuiteOptions before they time anything.
 struct TrainSuiteSetup {
   /// The batch sizes: `options.sizes()`, or the suite's defaults; each checked positive.
   std::vector<int64_t> sizes;

@@ -15,7 +15,6 @@
 namespace dkit::bench {
 namespace {
 
-using detail::BenchOptimizer;
 using detail::kClasses;
 using detail::kFeatures;
 using detail::kLogEvery;
@@ -31,13 +30,6 @@ constexpr double kAdamFlopsPerParameter = 13.0;
 double flops_per_step(int64_t batch) {
   return 6.0 * static_cast<double>(batch) * static_cast<double>(weight_products()) +
          kAdamFlopsPerParameter * static_cast<double>(parameter_count());
-}
-
-const BenchOptimizer& adam() {
-  const auto& all = detail::bench_optimizers();
-  const auto found = std::find_if(all.begin(), all.end(), [](const BenchOptimizer& o) { return o.name == "adam"; });
-  TORCH_INTERNAL_ASSERT(found != all.end(), "bench_optimizers() has no 'adam'");
-  return *found;
 }
 
 } // namespace
@@ -71,7 +63,8 @@ SuiteResult bench_train(const SuiteOptions& options) {
       std::vector<std::shared_ptr<TrainRunner>> runners;
       auto add = [&](std::string name, std::string what, Placement placement, bool graph) {
         torch::manual_seed(0);
-        runners.push_back(std::make_shared<TrainRunner>(data, device, batch, placement, adam(), /*fused=*/true, graph));
+        runners.push_back(std::make_shared<TrainRunner>(data, device, batch, placement,
+                                                        detail::find_bench_optimizer("adam"), /*fused=*/true, graph));
         variants.emplace_back(std::move(name), std::move(what), [runner = runners.back()] { runner->step(); });
       };
       add("eager/device", "device-resident", Placement::kDevice, false);

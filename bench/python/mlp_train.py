@@ -5,7 +5,9 @@ This is the Python side of dkit's training comparisons (bench/compare_python.sh,
 the same model dkit builds (nn.Sequential of Linear and ReLU, PyTorch's default initialisation), the same
 optimizer (Adam by default; --optimizer sgd|adam|adamw with --lr, --momentum, --nesterov, --weight-decay, as the
 `optimizers` suite passes them) and the same cross-entropy loss, and feeds it the same data: a CSV of numbers with the label last
-(data/digits.csv by default, standardised), or random data of a given width.
+(data/digits.csv by default, standardised), or random data of a given width. --precision bf16|fp16 runs the forward
+pass and the loss under torch.autocast, fp16 with a GradScaler, as PyTorch's AMP recipe does (the `precision` suite);
+a precision this PyTorch cannot autocast to on the device is an error.
 
 Two loops, as PyTorch users write them:
   dataloader  for x, y in DataLoader(TensorDataset(X, y), batch_size=B, shuffle=True)
@@ -21,10 +23,12 @@ samples_per_second of the median run, and every run's seconds.
     /usr/bin/python3 bench/python/mlp_train.py --steps 3000 --batch 64 --hidden 256,256 --threads 2
 """
 import argparse
+import contextlib
 import json
 import math
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -58,24 +62,67 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def train_dataloader(model, opt, X, y, batch, steps, device):
+class Amp:
+    """--precision: the autocast dtype (None for fp32) and, for fp16, a GradScaler."""
+
+    def __init__(self, precision, device):
+        self.device_type = device.type
+        self.dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.scaler = None
+        if self.dtype is None:
+            return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with self.autocast():
+                    try:
+                        enabled = torch.is_autocast_enabled(device.type)
+                    except TypeError:  # PyTorch before 2.4
+                        enabled = (torch.is_autocast_cpu_enabled() if device.type == "cpu"
+                                   else torch.is_autocast_enabled())
+        except RuntimeError:
+            enabled = False
+        if not enabled:
+            raise SystemExit(f"error: PyTorch {torch.__version__} cannot autocast to {precision} on {device.type}")
+        if precision == "fp16":
+            self.scaler = (torch.amp.GradScaler(device.type) if hasattr(torch.amp, "GradScaler")
+                           else torch.cuda.amp.GradScaler())
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def train_step(model, opt, xb, yb, amp):
+    """One step as PyTorch's tutorials (and its AMP recipe, under --precision) write it; returns loss.item()."""
+    opt.zero_grad()
+    with amp.autocast():
+        loss = nn.functional.cross_entropy(model(xb), yb)
+    if amp.scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        amp.scaler.scale(loss).backward()
+        amp.scaler.step(opt)
+        amp.scaler.update()
+    return loss.item()
+
+
+def train_dataloader(model, opt, X, y, batch, steps, device, amp):
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=batch, shuffle=True)
     done, samples, running_loss = 0, 0, 0.0
     while True:
         for xb, yb in loader:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb), yb)
-            loss.backward()
-            opt.step()
-            running_loss += loss.item()
+            running_loss += train_step(model, opt, xb, yb, amp)
             done += 1
             samples += xb.shape[0]
             if done == steps:
                 return running_loss / steps, samples
 
 
-def train_slicing(model, opt, X, y, batch, steps, device):
+def train_slicing(model, opt, X, y, batch, steps, device, amp):
     X, y = X.to(device), y.to(device)
     n, done, samples, running_loss = X.shape[0], 0, 0, 0.0
     while True:
@@ -83,11 +130,7 @@ def train_slicing(model, opt, X, y, batch, steps, device):
         for i in range(0, n, batch):
             idx = perm[i:i + batch]
             xb, yb = X[idx], y[idx]
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(xb), yb)
-            loss.backward()
-            opt.step()
-            running_loss += loss.item()
+            running_loss += train_step(model, opt, xb, yb, amp)
             done += 1
             samples += xb.shape[0]
             if done == steps:
@@ -112,24 +155,25 @@ def warmed_up(name, args, X, y, hidden, classes, device):
     torch.manual_seed(args.seed)
     model = build_model(X.shape[1], hidden, classes).to(device)
     opt = make_optimizer(args, model.parameters())
+    amp = Amp(args.precision, device)
     if args.compile:
         model = torch.compile(model, mode=args.compile)
     if args.warmup > 0:
-        loop(model, opt, X, y, args.batch, args.warmup, device)
-    return loop, model, opt
+        loop(model, opt, X, y, args.batch, args.warmup, device, amp)
+    return loop, model, opt, amp
 
 
 def serve(args, X, y, hidden, classes, device):
     """--serve: prints {"ready": ...} after the warm-up, then {"seconds": ..., "samples": ..., "steps": N} per line N."""
     name = args.loops.split(",")[0]
-    loop, model, opt = warmed_up(name, args, X, y, hidden, classes, device)
+    loop, model, opt, amp = warmed_up(name, args, X, y, hidden, classes, device)
     print(json.dumps({"ready": True, "loop": name, "torch": torch.__version__,
                       "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
         steps = int(line)
         sync(device)
         start = time.perf_counter()
-        _, samples = loop(model, opt, X, y, args.batch, steps, device)
+        _, samples = loop(model, opt, X, y, args.batch, steps, device, amp)
         sync(device)
         print(json.dumps({"seconds": time.perf_counter() - start, "samples": samples, "steps": steps}), flush=True)
 
@@ -149,6 +193,8 @@ def main():
     parser.add_argument("--nesterov", action="store_true", help="SGD only")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                        help="bf16/fp16: the forward pass and loss under torch.autocast (fp16 with a GradScaler)")
     parser.add_argument("--loops", default="dataloader,slicing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", default="", metavar="MODE",
@@ -174,12 +220,12 @@ def main():
         serve(args, X, y, hidden, classes, device)
         return
     for name in args.loops.split(","):
-        loop, model, opt = warmed_up(name, args, X, y, hidden, classes, device)
+        loop, model, opt, amp = warmed_up(name, args, X, y, hidden, classes, device)
         runs = []
         for _ in range(args.repeat):
             sync(device)
             start = time.perf_counter()
-            loss, samples = loop(model, opt, X, y, args.batch, args.steps, device)
+            loss, samples = loop(model, opt, X, y, args.batch, args.steps, device, amp)
             sync(device)
             runs.append((time.perf_counter() - start, samples))
         seconds, samples = sorted(runs)[(len(runs) - 1) // 2]
@@ -187,8 +233,8 @@ def main():
             "impl": "pytorch" + ("/compile-" + args.compile if args.compile else ""), "loop": name,
             "torch": torch.__version__, "device": str(device),
             "optimizer": repr(opt).splitlines()[0].strip(" ("),
-            "threads": torch.get_num_threads(), "batch": args.batch, "hidden": hidden, "steps": args.steps,
-            "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
+            "threads": torch.get_num_threads(), "precision": args.precision, "batch": args.batch, "hidden": hidden,
+            "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
             "ms_per_step": 1e3 * seconds / args.steps, "samples_per_second": samples / seconds,
             "runs_seconds": [run[0] for run in runs], "runs_samples": [run[1] for run in runs],
             "mean_loss": loss if math.isfinite(loss) else None,

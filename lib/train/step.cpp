@@ -433,12 +433,19 @@ static_assert(sizeof(MlpOptions) == sizeof(KnownMlpOptions),
               "MlpOptions has a field TrainStep's hand-written backward does not know: teach Direct::supports "
               "about it, then add it to KnownMlpOptions");
 
-TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer)
+TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOptions options)
     : model_(std::move(model)),
       optimizer_(&optimizer),
+      options_(std::move(options)),
       fused_(dynamic_cast<FusedOptimizer*>(&optimizer)),
       parameters_(model_->parameters()) {
-  if (Direct::supports(model_)) {
+  TORCH_INTERNAL_ASSERT(!parameters_.empty(), "an Mlp has parameters");
+  if (options_.precision() != Precision::kFloat32) {
+    check_autocast(parameters_.front().device().type(), autocast_dtype_of(options_.precision()));
+  }
+  const bool plain = options_.precision() == Precision::kFloat32 && options_.scaler() == nullptr &&
+                     !options_.before_update();
+  if (plain && Direct::supports(model_)) {
     direct_ = std::make_unique<Direct>(model_);
   }
 }
@@ -477,10 +484,30 @@ StepOutput TrainStep::run_autograd(const at::Tensor& features, const at::Tensor&
   for (auto& param : parameters_) {
     param.mutable_grad() = at::Tensor();
   }
-  const at::Tensor logits = model_->forward(features);
+  at::Tensor logits;
+  if (options_.precision() == Precision::kFloat32) {
+    logits = model_->forward(features);
+  } else {
+    const AutocastGuard autocast(features.device().type(), autocast_dtype_of(options_.precision()));
+    logits = model_->forward(features);
+  }
+  logits = logits.to(at::kFloat);
   const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, labels, kSumOptions);
-  loss_sum.backward(mean_gradient(loss_sum, global_samples));
-  optimizer_->step();
+  GradScaler* scaler = options_.scaler();
+  if (scaler != nullptr) {
+    scaler->scale(loss_sum / static_cast<double>(global_samples)).backward();
+  } else {
+    loss_sum.backward(mean_gradient(loss_sum, global_samples));
+  }
+  if (options_.before_update()) {
+    options_.before_update()();
+  }
+  if (scaler != nullptr) {
+    scaler->step(*optimizer_);
+    scaler->update();
+  } else {
+    optimizer_->step();
+  }
   const at::NoGradGuard no_grad;
   return {loss_sum.detach(), logits.detach().argmax(1).eq(labels).sum()};
 }

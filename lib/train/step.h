@@ -2,10 +2,13 @@
 
 #include <dkit/config.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/amp.h>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,15 +32,30 @@ struct StepOutput {
   at::Tensor correct;
 };
 
+/// How a TrainStep trains beyond its model and optimizer.
+struct TrainStepOptions {
+  /// The precision of the forward pass: kBFloat16 and kFloat16 run it under an AutocastGuard on the model's device
+  /// type, as dkit train's `train.precision` does; parameters, gradients and the loss stay float32.
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
+  /// A pointer to a GradScaler (spelt so for TORCH_ARG, which adds `const &` to the type's text).
+  using ScalerPointer = GradScaler*;
+  /// A loss scaler (for float16), which must outlive the step: the loss is scaled before backward, and the
+  /// scaler's step() and update() take the optimizer's place. Null: `optimizer.step()`.
+  TORCH_ARG(ScalerPointer, scaler) = nullptr;
+  /// Called between the backward pass and the optimizer's step, e.g. to all-reduce the gradients over processes.
+  TORCH_ARG(std::function<void()>, before_update) = nullptr;
+};
+
 /// One optimizer step of an Mlp classifier, as dkit::Trainer and the `train` benchmark run it: forward, summed
 /// cross-entropy, backward with the gradient of the mean over the global batch (so that the ranks' gradients add
 /// up to that of the global mean), optimizer step. It never waits for the device.
 ///
-/// For an Mlp without dropout the backward pass is written out, layer by layer, as the LibTorch operations that
-/// autograd would run for it (addmm's, log_softmax's, nll_loss's and the activation's backward formulas), into
-/// buffers reused from step to step: the same values bit for bit, without building and walking an autograd graph
-/// and without allocating each step. The parameters' gradients are then those buffers. With dropout, or inputs
-/// that require gradients, the step is autograd's (gradients set to none, `backward()`).
+/// For an Mlp without dropout, in float32, without a scaler or a `before_update` (TrainStepOptions), the backward
+/// pass is written out, layer by layer, as the LibTorch operations that autograd would run for it (addmm's,
+/// log_softmax's, nll_loss's and the activation's backward formulas), into buffers reused from step to step: the
+/// same values bit for bit, without building and walking an autograd graph and without allocating each step. The
+/// parameters' gradients are then those buffers. Otherwise, or with inputs that require gradients, the step is
+/// autograd's (gradients set to none, the forward pass under autocast in bf16 and fp16, `backward()`).
 ///
 /// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP
 /// builds) and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
@@ -55,7 +73,8 @@ struct StepOutput {
 class TrainStep {
  public:
   /// A step of `model` by `optimizer`, which must be over the model's parameters; both must outlive the step.
-  TrainStep(Mlp model, torch::optim::Optimizer& optimizer);
+  /// An error when `options` ask for autocast that this LibTorch lacks on the model's device (see AutocastGuard).
+  TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOptions options = {});
 
   /// Trains on one batch: `features` `[rows, in_features]`, `labels` `[rows]` (int64), where the whole batch over
   /// all processes has `global_samples` rows.
@@ -87,6 +106,7 @@ class TrainStep {
 
   Mlp model_;
   torch::optim::Optimizer* optimizer_;
+  TrainStepOptions options_;
   FusedOptimizer* fused_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Direct> direct_;

@@ -460,35 +460,19 @@ struct Trainer::Impl {
     return fmt::format("each step: {}, {}", written_out ? "dkit's written-out backward pass" : "autograd", updates);
   }
 
-  void take_step(const Batch& batch, std::optional<TrainStep>& written_out, MetricBuffer& metrics) {
-    if (written_out) {
-      const StepOutput out = written_out->run(batch.features, batch.labels, batch.global_samples);
+  void take_step(const Batch& batch, std::optional<TrainStep>& train_step, MetricBuffer& metrics) {
+    if (train_step) {
+      const StepOutput out = train_step->run(batch.features, batch.labels, batch.global_samples);
       metrics.add({out.loss_sum, out.correct});
     } else {
       for (auto& param : model->parameters()) {
         param.mutable_grad() = at::Tensor();
       }
-      std::optional<AutocastGuard> autocast;
-      if (config.precision != Precision::kFloat32) {
-        autocast.emplace(device.type(), autocast_dtype_of(config.precision));
-      }
-      auto logits = data_parallel_devices.empty() ? model->forward(batch.features)
-                                                  : data_parallel_forward(model, batch.features, data_parallel_devices);
-      autocast.reset();
-      logits = logits.to(torch::kFloat);
+      const auto logits = data_parallel_forward(model, batch.features, data_parallel_devices);
       const auto loss_sum = torch::nn::functional::cross_entropy(
           logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-      const auto loss = loss_sum / static_cast<double>(batch.global_samples);
-      (scaler ? scaler->scale(loss) : loss).backward();
-      if (reducer) {
-        reducer->synchronize();
-      }
-      if (scaler) {
-        scaler->step(*optimizer);
-        scaler->update();
-      } else {
-        optimizer->step();
-      }
+      (loss_sum / static_cast<double>(batch.global_samples)).backward();
+      optimizer->step();
       metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch.labels).sum()});
     }
     ++step;
@@ -499,13 +483,13 @@ struct Trainer::Impl {
   }
 
   /// Takes the loader's next batch and trains on it, under the sync check when asked; false at the epoch's end.
-  bool take_next_step(Loader& loader, std::optional<TrainStep>& written_out, MetricBuffer& metrics) {
+  bool take_next_step(Loader& loader, std::optional<TrainStep>& train_step, MetricBuffer& metrics) {
     const OptionalSyncCheck check(options.check_syncs());
     auto batch = loader.next();
     if (!batch) {
       return false;
     }
-    take_step(*batch, written_out, metrics);
+    take_step(*batch, train_step, metrics);
     return true;
   }
 
@@ -538,13 +522,18 @@ struct Trainer::Impl {
     const detail::CheckpointPolicy policy(config.checkpoint_every, total_steps, /*collective=*/group != nullptr);
     MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
     const int64_t syncs_before = host_sync_count();
-    std::optional<TrainStep> written_out;
-    if (!reducer && data_parallel_devices.empty() && config.precision == Precision::kFloat32) {
-      written_out.emplace(model, *optimizer);
-      written_out->prepare(loader.batch_rows(0));
-      written_out->prepare(loader.batch_rows(loader.batches_per_epoch() - 1));
+    std::optional<TrainStep> train_step;
+    if (data_parallel_devices.empty()) {
+      TrainStepOptions step_options;
+      step_options.precision(config.precision).scaler(scaler ? &*scaler : nullptr);
+      if (reducer) {
+        step_options.before_update([this] { reducer->synchronize(); });
+      }
+      train_step.emplace(model, *optimizer, std::move(step_options));
+      train_step->prepare(loader.batch_rows(0));
+      train_step->prepare(loader.batch_rows(loader.batches_per_epoch() - 1));
     }
-    info(step_description(written_out.has_value() && written_out->direct()));
+    info(step_description(train_step.has_value() && train_step->direct()));
     int64_t last_validated_step = -1;
     bool finished = step >= total_steps;
     model->train();
@@ -552,7 +541,7 @@ struct Trainer::Impl {
     window_start = train_clock.seconds();
     while (!finished && epoch < config.epochs) {
       loader.start_epoch(epoch, epoch_step);
-      while (take_next_step(loader, written_out, metrics)) {
+      while (take_next_step(loader, train_step, metrics)) {
         if (end_step(policy, metrics)) {
           finished = true;
           break;

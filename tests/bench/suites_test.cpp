@@ -3,6 +3,7 @@
 #include "../support.h"
 
 #include <dkit/config.h>
+#include <dkit/core/compat.h>
 #include <dkit/core/format.h>
 #include <dkit/device/report.h>
 
@@ -237,6 +238,87 @@ TEST_F(SuitesTest, OptimizersRunsPyTorchWithTheSameOptimizerWhenThereIsAPythonWi
       << result.notes.front();
 }
 
+// The precisions this LibTorch can autocast to on the CPU, as the `precision` suite should find them.
+std::vector<std::string> cpu_precisions() {
+  std::vector<std::string> names = {"fp32", "bf16"};
+  if (compat::kCpuAutocastFloat16) {
+    names.emplace_back("fp16");
+  }
+  return names;
+}
+
+TEST_F(SuitesTest, PrecisionTimesEachPrecisionAndItsProductsAgainstFp32) {
+  std::string progress;
+  const SuiteResult result =
+      bench_precision(SuiteOptions().devices({cpu()}).sizes({4, 8}).steps(3).repeat(2).python("none").progress(
+          [&](const std::string& line) { progress += line + "\n"; }));
+  ASSERT_TRUE(result.ran());
+  EXPECT_EQ(result.suite, "precision");
+  EXPECT_EQ(progress, "precision: cpu batch 4\nprecision: cpu batch 8\n");
+  const ResultTable& table = result.table;
+  const std::vector<std::string> precisions = cpu_precisions();
+  ASSERT_EQ(table.rows().size(), 2 * precisions.size() * 2);
+  size_t row = 0;
+  for (const int64_t batch : {4, 8}) {
+    for (const auto& precision : precisions) {
+      for (const char* variant : {"dkit", "matmul"}) {
+        SCOPED_TRACE(::testing::Message() << "row " << row);
+        EXPECT_EQ(integer_of(table.at(row, "batch")), batch);
+        EXPECT_EQ(text_of(table.at(row, "precision")), precision);
+        EXPECT_EQ(text_of(table.at(row, "variant")), variant);
+        EXPECT_EQ(integer_of(table.at(row, "steps")), 3);
+        EXPECT_EQ(integer_of(table.at(row, "repeat")), 2);
+        const double fp32_median = std::get<double>(table.at(row - row % (2 * precisions.size()) + row % 2,
+                                                             "median_ms"));
+        EXPECT_DOUBLE_EQ(std::get<double>(table.at(row, "vs_fp32")),
+                         fp32_median / std::get<double>(table.at(row, "median_ms")));
+        EXPECT_TRUE(std::holds_alternative<std::monostate>(table.at(row, "vs_pytorch")));
+        ++row;
+      }
+    }
+  }
+  const double dkit_ratio = std::get<double>(table.at(2, "vs_fp32"));
+  const double matmul_ratio = std::get<double>(table.at(3, "vs_fp32"));
+  EXPECT_EQ(result.notes.front(), "cpu batch 4: bf16 trains at " + format_fixed(dkit_ratio, 2) +
+                                      "x fp32's samples/s in dkit; its matrix products alone run at " +
+                                      format_fixed(matmul_ratio, 2) + "x fp32's");
+  EXPECT_NE(std::find_if(result.notes.begin(), result.notes.end(),
+                         [](const std::string& note) {
+                           return note.rfind("CPU flags for bfloat16 and float16 (/proc/cpuinfo): avx512_bf16 ", 0) ==
+                                  0;
+                         }),
+            result.notes.end());
+  if (!compat::kCpuAutocastFloat16) {
+    EXPECT_NE(std::find(result.notes.begin(), result.notes.end(),
+                        std::string("cpu fp16: left out: autocast in float16 on the cpu needs LibTorch 2.2 or later "
+                                    "(this is ") +
+                            TORCH_VERSION + "): use bfloat16 on the cpu"),
+              result.notes.end());
+  }
+  EXPECT_EQ(result.notes.back(), "PyTorch comparison left out (--python none)");
+}
+
+TEST_F(SuitesTest, PrecisionRunsPyTorchUnderAutocastWhenThereIsAPythonWithTorch) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with torch";
+  }
+  const SuiteResult result =
+      bench_precision(SuiteOptions().devices({cpu()}).sizes({8}).steps(2).repeat(1).python("/usr/bin/python3"));
+  const ResultTable& table = result.table;
+  ASSERT_GE(table.rows().size(), 6u);
+  EXPECT_EQ(text_of(table.at(2, "variant")), "pytorch");
+  EXPECT_EQ(text_of(table.at(2, "precision")), "fp32");
+  EXPECT_EQ(text_of(table.at(5, "variant")), "pytorch");
+  EXPECT_EQ(text_of(table.at(5, "precision")), "bf16");
+  EXPECT_DOUBLE_EQ(std::get<double>(table.at(3, "vs_pytorch")),
+            std::get<double>(table.at(5, "median_ms")) / std::get<double>(table.at(3, "median_ms")));
+  EXPECT_DOUBLE_EQ(std::get<double>(table.at(5, "vs_fp32")),
+            std::get<double>(table.at(2, "median_ms")) / std::get<double>(table.at(5, "median_ms")));
+  EXPECT_NE(result.notes.front().find("x fp32's samples/s in dkit, "), std::string::npos) << result.notes.front();
+  EXPECT_EQ(result.notes.back().rfind("pytorch: the same MLP, Adam and loss in PyTorch ", 0), 0u)
+      << result.notes.back();
+}
+
 TEST_F(SuitesTest, TransferReportsWhyItNeedsAGpu) {
   if (num_gpus() > 0) {
     GTEST_SKIP() << "a GPU is visible";
@@ -283,6 +365,8 @@ TEST_F(SuitesTest, AllRunsEverySupportedSuiteAndListsTheOthers) {
   EXPECT_TRUE(results[4].ran());
   EXPECT_EQ(results[5].suite, "optimizers");
   EXPECT_TRUE(results[5].ran());
+  EXPECT_EQ(results[6].suite, "precision");
+  EXPECT_TRUE(results[6].ran());
   EXPECT_NE(progress.find("multi-gpu: skipped: needs 2 GPUs, found 0"), std::string::npos);
 }
 
@@ -290,7 +374,8 @@ TEST_F(SuitesTest, FindsSuitesByName) {
   EXPECT_EQ(find_suite("logging").name, "logging");
   EXPECT_EQ(try_find_suite("nope"), nullptr);
   EXPECT_EQ(error_message([] { find_suite("nope"); }),
-            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, train, optimizers, all");
+            "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, train, optimizers, "
+            "precision, all");
 }
 
 TEST_F(SuitesTest, RegisteredSuiteRunsByNameAndComesLast) {

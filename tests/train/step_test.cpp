@@ -1,7 +1,9 @@
 #include <dkit/train/step.h>
 
 #include <dkit/config.h>
+#include <dkit/core/compat.h>
 #include <dkit/device/device.h>
+#include <dkit/train/amp.h>
 #include <dkit/train/detail/side_by_side.h>
 #include <dkit/train/optim.h>
 
@@ -9,6 +11,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -381,6 +384,132 @@ TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
   TrainStep step(net, optimizer);
   EXPECT_EQ(test::error_message([&] { step.run(torch::randn({2, 12}), torch::zeros({2}, torch::kLong), 0); }),
             "TrainStep::run needs a positive global_samples, got 0");
+}
+
+// TrainStep in a precision, with or without a scaler, against PyTorch's AMP recipe written out: the forward pass
+// under autocast, the loss in float32, backward through the scaler, the scaler's step and update.
+void expect_amp_steps(Precision precision, bool with_scaler) {
+  torch::manual_seed(3);
+  Mlp reference(MlpOptions(12, {32, 16}, 5));
+  torch::manual_seed(3);
+  Mlp stepped(MlpOptions(12, {32, 16}, 5));
+  torch::optim::Adam reference_optimizer(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  FusedAdam optimizer(stepped->parameters(), torch::optim::AdamOptions(1e-2));
+  std::optional<GradScaler> reference_scaler;
+  std::optional<GradScaler> scaler;
+  if (with_scaler) {
+    reference_scaler.emplace(GradScalerOptions().growth_interval(2));
+    scaler.emplace(GradScalerOptions().growth_interval(2));
+  }
+  TrainStep step(stepped, optimizer,
+                 TrainStepOptions().precision(precision).scaler(scaler ? &*scaler : nullptr));
+  EXPECT_FALSE(step.direct());
+  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (int64_t index = 0; index < 5; ++index) {
+    const at::Tensor x = torch::randn({20, 12});
+    const at::Tensor y = torch::randint(0, 5, {20});
+    reference_optimizer.zero_grad();
+    at::Tensor logits;
+    if (precision == Precision::kFloat32) {
+      logits = reference->forward(x);
+    } else {
+      const AutocastGuard autocast(torch::kCPU, autocast_dtype_of(precision));
+      logits = reference->forward(x);
+      EXPECT_EQ(logits.scalar_type(), autocast_dtype_of(precision));
+    }
+    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y, sum);
+    const at::Tensor loss = loss_sum / 40.0;
+    if (reference_scaler) {
+      reference_scaler->scale(loss).backward();
+      reference_scaler->step(reference_optimizer);
+      reference_scaler->update();
+    } else {
+      loss.backward();
+      reference_optimizer.step();
+    }
+    const StepOutput out = step.run(x, y, 40);
+    EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
+    EXPECT_EQ(out.loss_sum.scalar_type(), torch::kFloat);
+  }
+  EXPECT_FALSE(is_autocast_enabled(torch::kCPU)) << "the step's autocast ended with it";
+  if (with_scaler) {
+    EXPECT_EQ(scaler->get_scale(), reference_scaler->get_scale());
+    EXPECT_EQ(scaler->get_scale(), 65536.0 * 4.0) << "five clean steps at growth interval 2: two growths";
+  }
+  const auto pa = reference->parameters();
+  const auto pb = stepped->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+    EXPECT_EQ(pb[i].scalar_type(), torch::kFloat) << "parameter " << i;
+  }
+}
+
+TEST_F(TrainStepTest, InBf16TheForwardPassRunsUnderAutocastAsInPyTorchsAmpRecipe) {
+  expect_amp_steps(Precision::kBFloat16, /*with_scaler=*/false);
+  Mlp fp32 = model();
+  Mlp bf16 = model();
+  torch::optim::SGD fp32_optimizer(fp32->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD bf16_optimizer(bf16->parameters(), torch::optim::SGDOptions(0.1));
+  const at::Tensor x = torch::randn({16, 12});
+  const at::Tensor y = torch::randint(0, 5, {16});
+  TrainStep(fp32, fp32_optimizer).run(x, y, 16);
+  TrainStep(bf16, bf16_optimizer, TrainStepOptions().precision(Precision::kBFloat16)).run(x, y, 16);
+  EXPECT_FALSE(torch::equal(fp32->parameters()[0], bf16->parameters()[0])) << "bf16 did not autocast";
+}
+
+TEST_F(TrainStepTest, WithAScalerTheLossIsScaledAndTheScalerSteps) {
+  expect_amp_steps(Precision::kFloat32, /*with_scaler=*/true);
+}
+
+TEST_F(TrainStepTest, InFp16WithAScalerOrAClearErrorWhereThisLibTorchCannotAutocastToIt) {
+  if (compat::kCpuAutocastFloat16) {
+    expect_amp_steps(Precision::kFloat16, /*with_scaler=*/true);
+    return;
+  }
+  Mlp net = model();
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_EQ(test::error_message([&] {
+              TrainStep step(net, optimizer, TrainStepOptions().precision(Precision::kFloat16));
+            }),
+            std::string("autocast in float16 on the cpu needs LibTorch 2.2 or later (this is ") + TORCH_VERSION +
+                "): use bfloat16 on the cpu");
+}
+
+TEST_F(TrainStepTest, BeforeUpdateRunsOnceBetweenTheBackwardPassAndTheUpdate) {
+  Mlp reference = model();
+  Mlp stepped = model();
+  torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  FusedSGD optimizer(stepped->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  int calls = 0;
+  std::vector<at::Tensor> before;
+  TrainStep step(stepped, optimizer, TrainStepOptions().before_update([&] {
+    ++calls;
+    const auto params = stepped->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].grad().defined()) << "parameter " << i;
+      EXPECT_TRUE(torch::equal(params[i], before[i])) << "parameter " << i << " was updated before the hook";
+      params[i].mutable_grad().mul_(0.5);
+    }
+  }));
+  EXPECT_FALSE(step.direct()) << "the written-out step updates during its backward pass";
+  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (int64_t index = 1; index <= 3; ++index) {
+    const at::Tensor x = torch::randn({16, 12});
+    const at::Tensor y = torch::randint(0, 5, {16});
+    reference_optimizer.zero_grad();
+    (torch::nn::functional::cross_entropy(reference->forward(x), y, sum) / 16.0).backward();
+    for (auto& param : reference->parameters()) {
+      param.mutable_grad().mul_(0.5);
+    }
+    reference_optimizer.step();
+    before.clear();
+    for (const auto& param : stepped->parameters()) {
+      before.push_back(param.detach().clone());
+    }
+    step.run(x, y, 16);
+    EXPECT_EQ(calls, index);
+  }
+  expect_equal_parameters(reference, stepped);
 }
 
 #if DKIT_WITH_CUDA
