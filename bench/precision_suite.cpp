@@ -197,8 +197,9 @@ SuiteResult bench_precision(const SuiteOptions& options) {
   result.description =
       "MLP [64, 256, 256, 10] training steps with " + optimizer.describe() + " in each precision this LibTorch can "
       "autocast to on the device, " + std::to_string(threads) + " CPU thread(s): dkit = dkit::TrainStep as dkit train "
-      "runs it with train.precision (fp32: the written-out step; bf16 and fp16: autograd with the forward pass "
-      "under dkit::AutocastGuard, fp16 with a dkit::GradScaler), FusedAdam, device-resident batches; matmul = the "
+      "runs it with train.precision (fp32, and bf16 on the CPU: the written-out step, in bf16 bitwise autocast's; "
+      "otherwise autograd with the forward pass under dkit::AutocastGuard, fp16 with a dkit::GradScaler), "
+      "FusedAdam, device-resident batches; matmul = the "
       "step's matrix products alone in that precision's dtype, at the same shapes; pytorch = PyTorch eager in the "
       "same precision; samples of `steps` steps taken in turns, " + std::to_string(setup.repeat) +
       " times; vs_fp32 = the same variant's fp32 median / this median; vs_pytorch = PyTorch's median in the same "

@@ -413,7 +413,8 @@ const std::vector<KeySpec>& key_specs() {
                list_names(kOptimizerNames, " or ", "`")),
       enum_key("train.precision", &C::precision, kPrecisionNames, Precision::kFloat32,
                "`fp32`, or the forward pass under autocast in `bf16`, or in `fp16` with a loss scaler (one "
-               "device read per step); `bf16` and `fp16` train through autograd, not the written-out step"),
+               "device read per step); `bf16` on the CPU takes the written-out step (bitwise what autocast and "
+               "autograd compute), `fp16` and `bf16` on a GPU train through autograd"),
       value_key<double>("train.momentum", &C::momentum, 0.9, "SGD momentum, in [0, 1); other optimizers ignore it",
                         fraction()),
       nesterov_key(),

@@ -59,13 +59,26 @@ at::Tensor correct_count(const at::Tensor& logits, const at::Tensor& labels) {
 
 // The backward pass of an Mlp written out: each LibTorch call below is the one autograd's formula for the forward
 // operation makes (torch/csrc/autograd/FunctionsManual.cpp, derivatives.yaml), on tensors of the same shapes and
-// strides, so that the values are the same bit for bit; outputs go into buffers kept from step to step.
+// strides, so that the values are the same bit for bit; outputs go into buffers kept from step to step. In bfloat16
+// it is the step autocast and autograd make: the weights, biases and features cast (autocast's casts), the layers
+// and activations in bfloat16, the logits cast back to float32 for the loss, and on the way back the logits'
+// gradient cast to bfloat16 and each parameter's gradient cast back to float32 (the casts' backward).
 struct TrainStep::Direct {
   Activation activation;
+  c10::ScalarType dtype;
   std::vector<at::Tensor> weights;
   std::vector<at::Tensor> biases;
   std::vector<at::Tensor> weight_grads;
   std::vector<at::Tensor> bias_grads;
+  // In bfloat16: the casts of the weights, biases and features, the gradients with respect to the casts, the
+  // float32 logits and the logits' gradient cast down. Empty in float32.
+  std::vector<at::Tensor> weight_casts;
+  std::vector<at::Tensor> bias_casts;
+  std::vector<at::Tensor> weight_cast_grads;
+  std::vector<at::Tensor> bias_cast_grads;
+  at::Tensor features_cast;
+  at::Tensor logits;
+  at::Tensor grad_logits_cast;
   // Per layer: the output of addmm, then of the activation (the same tensor when it is applied in place), and
   // the gradients with respect to both (always the same tensor: the activation's backward, element by element,
   // overwrites the gradient it reads).
@@ -107,7 +120,8 @@ struct TrainStep::Direct {
   int64_t seed_samples = 0;
   bool last_beside = false;
 
-  explicit Direct(const Mlp& model) : activation(model->options.activation()) {
+  Direct(const Mlp& model, c10::ScalarType compute_dtype)
+      : activation(model->options.activation()), dtype(compute_dtype) {
     for (const auto& layer : model->layers()) {
       weights.push_back(layer->weight);
       biases.push_back(layer->bias);
@@ -115,17 +129,39 @@ struct TrainStep::Direct {
       bias_grads.push_back(at::empty_like(layer->bias, at::MemoryFormat::Contiguous));
     }
     const size_t layers = weights.size();
-    const auto options = weights.front().options();
+    const auto float_options = weights.front().options();
+    const auto options = float_options.dtype(dtype);
+    if (cast()) {
+      for (size_t i = 0; i < layers; ++i) {
+        weight_casts.push_back(at::empty(weights[i].sizes(), options));
+        bias_casts.push_back(at::empty(biases[i].sizes(), options));
+        weight_cast_grads.push_back(at::empty(weights[i].sizes(), options));
+        bias_cast_grads.push_back(at::empty(biases[i].sizes(), options));
+      }
+      features_cast = at::empty({0}, options);
+      logits = at::empty({0}, float_options);
+      grad_logits_cast = at::empty({0}, options);
+    }
     for (size_t i = 0; i < layers; ++i) {
       pre.push_back(at::empty({0}, options));
       post.push_back(activation == Activation::kGELU ? at::empty({0}, options) : pre[i]);
       grad_post.push_back(at::empty({0}, options));
       grad_pre.push_back(grad_post[i]);
     }
-    log_probs = at::empty({0}, options);
-    grad_log_probs = at::empty({0}, options);
-    grad_logits = at::empty({0}, options);
-    sum_total_weight = at::zeros({}, options);
+    log_probs = at::empty({0}, float_options);
+    grad_log_probs = at::empty({0}, float_options);
+    grad_logits = at::empty({0}, float_options);
+    sum_total_weight = at::zeros({}, float_options);
+  }
+
+  // Whether the step runs in a dtype other than its parameters' (bfloat16), through casts.
+  bool cast() const {
+    return dtype != weights.front().scalar_type();
+  }
+
+  // The logits the loss reads: float32, the last layer's output or its cast.
+  const at::Tensor& loss_logits() const {
+    return cast() ? logits : pre.back();
   }
 
   // Gives every buffer its shape for batches of `n` rows, so that the `_out` calls neither reallocate nor warn.
@@ -143,9 +179,14 @@ struct TrainStep::Direct {
     for (at::Tensor* buffer : {&log_probs, &grad_log_probs, &grad_logits}) {
       buffer->resize_({n, weights.back().size(0)});
     }
+    if (cast()) {
+      features_cast.resize_({n, weights.front().size(1)});
+      logits.resize_({n, weights.back().size(0)});
+      grad_logits_cast.resize_({n, weights.back().size(0)});
+    }
     const auto loss_rows = [&](int64_t begin, int64_t count) {
       const auto part = [&](const at::Tensor& tensor) { return tensor.narrow(0, begin, count); };
-      return LossRows{begin, count, part(pre.back()), part(log_probs), part(grad_log_probs), part(grad_logits)};
+      return LossRows{begin, count, part(loss_logits()), part(log_probs), part(grad_log_probs), part(grad_logits)};
     };
     all_rows = loss_rows(0, n);
     half_rows = {loss_rows(0, (n + 1) / 2), loss_rows((n + 1) / 2, n / 2)};
@@ -191,7 +232,10 @@ struct TrainStep::Direct {
 
   // The gradient with respect to layer `layer`'s output (before its activation).
   const at::Tensor& output_grad(size_t layer) const {
-    return layer + 1 == weights.size() ? grad_logits : grad_pre[layer];
+    if (layer + 1 == weights.size()) {
+      return cast() ? grad_logits_cast : grad_logits;
+    }
+    return grad_pre[layer];
   }
 
   // The models the hand-written backward implements, and nothing else: every field of MlpOptions at a value it
@@ -226,10 +270,10 @@ struct TrainStep::Direct {
   // then adds the product to it; for float32 CPU buffers the rows are copied here, faster than addmm's broadcast copy.
   void linear(size_t layer, const at::Tensor& input) {
     at::Tensor& out = pre[layer];
-    const at::Tensor& bias = biases[layer];
+    const at::Tensor& bias = cast() ? bias_casts[layer] : biases[layer];
     if (!out.device().is_cpu() || out.scalar_type() != at::kFloat || !out.is_contiguous() ||
         bias.scalar_type() != at::kFloat || !bias.is_contiguous()) {
-      at::addmm_out(out, bias, input, weights[layer].t());
+      at::addmm_out(out, bias, input, (cast() ? weight_casts[layer] : weights[layer]).t());
       return;
     }
     const int64_t width = out.size(1);
@@ -262,7 +306,7 @@ struct TrainStep::Direct {
   // taking one of a layer's two products, and a batch small enough that LibTorch's two threads in one product
   // would spend more on handing work over than the product takes.
   bool beside(int64_t batch_rows) const {
-    return DKIT_WITH_OPENMP && at::get_num_threads() == 2 && !at::in_parallel_region() &&
+    return DKIT_WITH_OPENMP && !cast() && at::get_num_threads() == 2 && !at::in_parallel_region() &&
            weights.front().device().is_cpu() && batch_rows > 0 && batch_rows <= kBesideRows;
   }
 
@@ -273,6 +317,14 @@ struct TrainStep::Direct {
     TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
     shape_for(features.size(0));
     const at::Tensor* input = &features;
+    if (cast()) {
+      for (size_t i = 0; i < layers; ++i) {
+        weight_casts[i].copy_(weights[i]);
+        bias_casts[i].copy_(biases[i]);
+      }
+      features_cast.copy_(features);
+      input = &features_cast;
+    }
     for (size_t i = 0; i < layers; ++i) {
       linear(i, *input);
       if (i + 1 < layers) {
@@ -280,8 +332,11 @@ struct TrainStep::Direct {
         input = &post[i];
       }
     }
+    if (cast()) {
+      logits.copy_(pre.back());
+    }
     if (seed_samples != global_samples) {
-      seed_gradient = mean_gradient(pre.back(), global_samples);
+      seed_gradient = mean_gradient(loss_logits(), global_samples);
       seed_samples = global_samples;
     }
     for (size_t i = 0; i < layers; ++i) {
@@ -298,9 +353,12 @@ struct TrainStep::Direct {
       return backward_beside(*updates, features, labels);
     }
     loss_gradient(all_rows, labels);
-    backward(features);
+    if (cast()) {
+      grad_logits_cast.copy_(grad_logits);
+    }
+    backward(cast() ? features_cast : features);
     optimizer.step();
-    return {loss_sum(labels), correct_count(pre.back(), labels)};
+    return {loss_sum(labels), correct_count(loss_logits(), labels)};
   }
 
   // The batch's summed cross-entropy, from the log-probabilities.
@@ -326,14 +384,21 @@ struct TrainStep::Direct {
   // Layer by layer from the last: the gradient of the layer's input (the critical path), then its weight's and
   // bias's.
   void backward(const at::Tensor& features) {
-    const at::Tensor* grad = &grad_logits;
+    const at::Tensor* grad = &output_grad(weights.size() - 1);
     for (size_t i = weights.size(); i-- > 0;) {
-      at::mm_out(weight_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
-      at::sum_out(bias_grads[i], *grad, {0});
+      if (cast()) {
+        at::mm_out(weight_cast_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
+        at::sum_out(bias_cast_grads[i], *grad, {0});
+        weight_grads[i].copy_(weight_cast_grads[i]);
+        bias_grads[i].copy_(bias_cast_grads[i]);
+      } else {
+        at::mm_out(weight_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
+        at::sum_out(bias_grads[i], *grad, {0});
+      }
       if (i == 0) {
         break;
       }
-      at::mm_out(grad_post[i - 1], *grad, weights[i]);
+      at::mm_out(grad_post[i - 1], *grad, cast() ? weight_casts[i] : weights[i]);
       activation_backward(i - 1);
       grad = &grad_pre[i - 1];
     }
@@ -443,10 +508,13 @@ TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOpt
   if (options_.precision() != Precision::kFloat32) {
     check_autocast(parameters_.front().device().type(), autocast_dtype_of(options_.precision()));
   }
-  const bool plain = options_.precision() == Precision::kFloat32 && options_.scaler() == nullptr &&
-                     !options_.before_update();
-  if (plain && Direct::supports(model_)) {
-    direct_ = std::make_unique<Direct>(model_);
+  const at::Tensor& first = parameters_.front();
+  const bool written_precision =
+      options_.precision() == Precision::kFloat32 ||
+      (options_.precision() == Precision::kBFloat16 && first.device().is_cpu() && first.scalar_type() == at::kFloat);
+  if (written_precision && options_.scaler() == nullptr && !options_.before_update() && Direct::supports(model_)) {
+    direct_ = std::make_unique<Direct>(
+        model_, options_.precision() == Precision::kFloat32 ? first.scalar_type() : at::kBFloat16);
   }
 }
 

@@ -35,7 +35,8 @@ struct StepOutput {
 /// How a TrainStep trains beyond its model and optimizer.
 struct TrainStepOptions {
   /// The precision of the forward pass: kBFloat16 and kFloat16 run it under an AutocastGuard on the model's device
-  /// type, as dkit train's `train.precision` does; parameters, gradients and the loss stay float32.
+  /// type (bfloat16 on the CPU: written out, bitwise the same), as dkit train's `train.precision` does;
+  /// parameters, gradients and the loss stay float32.
   TORCH_ARG(Precision, precision) = Precision::kFloat32;
   /// A pointer to a GradScaler (spelt so for TORCH_ARG, which adds `const &` to the type's text).
   using ScalerPointer = GradScaler*;
@@ -54,11 +55,13 @@ struct TrainStepOptions {
 /// pass is written out, layer by layer, as the LibTorch operations that autograd would run for it (addmm's,
 /// log_softmax's, nll_loss's and the activation's backward formulas), into buffers reused from step to step: the
 /// same values bit for bit, without building and walking an autograd graph and without allocating each step. The
-/// parameters' gradients are then those buffers. Otherwise, or with inputs that require gradients, the step is
+/// parameters' gradients are then those buffers. In bfloat16 on the CPU the same holds for the step autocast and
+/// autograd would make: the casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in
+/// float32, the casts' backward, bit for bit. Otherwise, or with inputs that require gradients, the step is
 /// autograd's (gradients set to none, the forward pass under autocast in bf16 and fp16, `backward()`).
 ///
 /// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP
-/// builds) and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
+/// builds), float32 and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
 /// optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its input's
 /// gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each, and
 /// each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product

@@ -387,12 +387,19 @@ TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
 }
 
 // TrainStep in a precision, with or without a scaler, against PyTorch's AMP recipe written out: the forward pass
-// under autocast, the loss in float32, backward through the scaler, the scaler's step and update.
-void expect_amp_steps(Precision precision, bool with_scaler) {
+// under autocast, the loss in float32, backward through the scaler, the scaler's step and update; batches of
+// `rows` rows (and one of 1 row), on `threads` threads. bf16 without a scaler takes the written-out step.
+void expect_amp_steps(Precision precision, bool with_scaler, Activation activation = Activation::kReLU,
+                      int64_t rows = 20, int threads = 0) {
+  const int previous_threads = at::get_num_threads();
+  if (threads > 0) {
+    at::set_num_threads(threads);
+  }
+  const MlpOptions options = MlpOptions(12, {32, 16}, 5).activation(activation);
   torch::manual_seed(3);
-  Mlp reference(MlpOptions(12, {32, 16}, 5));
+  Mlp reference(options);
   torch::manual_seed(3);
-  Mlp stepped(MlpOptions(12, {32, 16}, 5));
+  Mlp stepped(options);
   torch::optim::Adam reference_optimizer(reference->parameters(), torch::optim::AdamOptions(1e-2));
   FusedAdam optimizer(stepped->parameters(), torch::optim::AdamOptions(1e-2));
   std::optional<GradScaler> reference_scaler;
@@ -403,11 +410,12 @@ void expect_amp_steps(Precision precision, bool with_scaler) {
   }
   TrainStep step(stepped, optimizer,
                  TrainStepOptions().precision(precision).scaler(scaler ? &*scaler : nullptr));
-  EXPECT_FALSE(step.direct());
+  EXPECT_EQ(step.direct(), precision == Precision::kBFloat16 && !with_scaler);
   const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
   for (int64_t index = 0; index < 5; ++index) {
-    const at::Tensor x = torch::randn({20, 12});
-    const at::Tensor y = torch::randint(0, 5, {20});
+    const int64_t n = index == 3 ? 1 : rows;
+    const at::Tensor x = torch::randn({n, 12});
+    const at::Tensor y = torch::randint(0, 5, {n});
     reference_optimizer.zero_grad();
     at::Tensor logits;
     if (precision == Precision::kFloat32) {
@@ -430,7 +438,9 @@ void expect_amp_steps(Precision precision, bool with_scaler) {
     const StepOutput out = step.run(x, y, 40);
     EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
     EXPECT_EQ(out.loss_sum.scalar_type(), torch::kFloat);
+    EXPECT_EQ(out.correct.item<int64_t>(), logits.to(torch::kFloat).argmax(1).eq(y).sum().item<int64_t>());
   }
+  at::set_num_threads(previous_threads);
   EXPECT_FALSE(is_autocast_enabled(torch::kCPU)) << "the step's autocast ended with it";
   if (with_scaler) {
     EXPECT_EQ(scaler->get_scale(), reference_scaler->get_scale());
@@ -444,8 +454,19 @@ void expect_amp_steps(Precision precision, bool with_scaler) {
   }
 }
 
-TEST_F(TrainStepTest, InBf16TheForwardPassRunsUnderAutocastAsInPyTorchsAmpRecipe) {
-  expect_amp_steps(Precision::kBFloat16, /*with_scaler=*/false);
+TEST_F(TrainStepTest, InBf16TheWrittenOutStepIsBitwiseAutocastAndAutogradAsInPyTorchsAmpRecipe) {
+  for (const Activation activation : {Activation::kReLU, Activation::kTanh, Activation::kGELU}) {
+    for (const int64_t rows : {20, 64, 257}) {
+      for (const int threads : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << to_string(activation) << ", " << rows << " rows, " << threads
+                                          << " thread(s)");
+        expect_amp_steps(Precision::kBFloat16, /*with_scaler=*/false, activation, rows, threads);
+      }
+    }
+  }
+}
+
+TEST_F(TrainStepTest, InBf16TheStepTrainsOtherwiseThanInFp32) {
   Mlp fp32 = model();
   Mlp bf16 = model();
   torch::optim::SGD fp32_optimizer(fp32->parameters(), torch::optim::SGDOptions(0.1));
