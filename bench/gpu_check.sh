@@ -3,8 +3,8 @@
 # results): builds dkit against python3's LibTorch with scripts/offline_deps.sh, then runs `dkit devices`, the whole
 # CTest suite (the CUDA tests first), training on cuda:0 (digits and Fashion-MNIST, pinned and device placements,
 # fp32/bf16/fp16, under --check-syncs), torchrun with NCCL, DataParallel, checkpoints and files across C++ and
-# Python, compute-sanitizer, and last the GPU's own ceilings and the GPU benchmarks with PyTorch (eager and
-# torch.compile) beside them.
+# Python, compute-sanitizer, and last the GPU's own ceilings and the GPU benchmarks (fp32, bf16 and fp16 among them)
+# with PyTorch (eager and torch.compile) beside them.
 #
 #   bench/gpu_check.sh DEPS [FASHION_MNIST_DIR]
 #
@@ -165,6 +165,7 @@ bench() { # SUITE SECONDS ARGS...
 bench matmul 60 --sizes 1000,4096,8192 --quick
 bench train 120 --sizes 64,256,4096 --quick
 bench optimizers 150 --sizes 64,256,4096 --quick
+bench precision 90 --sizes 64,256,4096 --quick
 bench transfer 60 --quick
 bench logging 60 --quick
 step compile 120 'for mode in "" reduce-overhead; do
@@ -180,5 +181,5 @@ cat "$steps"
 for f in "$runs"/*/summary.json; do
   [ -f "$f" ] && echo "$(basename "$(dirname "$f")"): $(tr -d '\n' <"$f")"
 done
-grep -h "x PyTorch\|x its matrix\|GFLOP/s\|graph" "$logs"/bench_*.log 2>/dev/null | cut -c1-220 | head -60
+grep -h "x PyTorch\|x its matrix\|GFLOP/s\|graph\|trains at" "$logs"/bench_*.log 2>/dev/null | cut -c1-220 | head -60
 tail -n 12 "$logs/cuda_tests.log" "$logs/ctest.log" 2>/dev/null
