@@ -8,6 +8,9 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 #include <climits>
 #include <cstdlib>
@@ -288,6 +291,28 @@ bool cpu_has_avx512() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_float16_arithmetic() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned int eax = 0;
+  unsigned int ebx = 0;
+  unsigned int ecx = 0;
+  unsigned int edx = 0;
+  if (!cpu_has_avx512() || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) {
+    return false;
+  }
+  const bool avx512_fp16 = ((edx >> 23) & 1U) != 0;
+  if (avx512_fp16) {
+    return true;
+  }
+  if (eax < 1 || __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) {
+    return false;
+  }
+  return ((eax >> 21) & 1U) != 0;
 #else
   return false;
 #endif

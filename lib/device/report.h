@@ -175,6 +175,10 @@ std::vector<std::string> performance_warnings(const BlasInfo& blas, int torch_th
 /// Whether this CPU runs AVX-512 (F, BW, VL and DQ); false on other architectures.
 bool cpu_has_avx512();
 
+/// Whether this CPU has the float16 arithmetic (AVX512_FP16 or AMX-FP16) that LibTorch's float16 products on the
+/// CPU need to run at speed; false on other architectures.
+bool cpu_has_float16_arithmetic();
+
 /// The report as an `nvidia-smi`-like text table.
 std::string format_report(const DeviceReport& report);
 

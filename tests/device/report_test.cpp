@@ -6,7 +6,9 @@
 
 #include "../support.h"
 
+#include <fstream>
 #include <map>
+#include <string>
 
 namespace dkit {
 namespace {
@@ -150,6 +152,23 @@ TEST(BlasTest, WarnsWhenOpenBlasRunsKernelsNarrowerThanTheCpu) {
   one_core.detail = "OpenBLAS 0.3.21 NO_LAPACKE USE_OPENMP Haswell MAX_THREADS=64";
   EXPECT_TRUE(performance_warnings(one_core, 2, 2, /*cpu_avx512=*/true).empty())
       << "without DYNAMIC_ARCH, OPENBLAS_CORETYPE changes nothing";
+}
+
+// The kernel's view of the CPU, /proc/cpuinfo's flags, against dkit's CPUID reading.
+TEST(DeviceReportTest, Float16ArithmeticIsWhatCpuinfoListsAsAvx512Fp16OrAmxFp16) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string flags;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  }
+  if (flags.empty()) {
+    GTEST_SKIP() << "no flags line in /proc/cpuinfo";
+  }
+  const bool listed = flags.find(" avx512_fp16 ") != std::string::npos || flags.find(" amx_fp16 ") != std::string::npos;
+  EXPECT_EQ(cpu_has_float16_arithmetic(), listed) << flags;
 }
 
 TEST(DeviceReportTest, DescribesThisProcess) {
