@@ -556,10 +556,12 @@ StepOutput TrainStep::run_autograd(const at::Tensor& features, const at::Tensor&
   if (options_.precision() == Precision::kFloat32) {
     logits = model_->forward(features);
   } else {
-    const AutocastGuard autocast(features.device().type(), autocast_dtype_of(options_.precision()));
-    logits = model_->forward(features);
+    {
+      const AutocastGuard autocast(features.device().type(), autocast_dtype_of(options_.precision()));
+      logits = model_->forward(features);
+    }
+    logits = logits.to(at::kFloat);
   }
-  logits = logits.to(at::kFloat);
   const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, labels, kSumOptions);
   GradScaler* scaler = options_.scaler();
   if (scaler != nullptr) {

@@ -478,6 +478,33 @@ TEST_F(TrainStepTest, InBf16TheStepTrainsOtherwiseThanInFp32) {
   EXPECT_FALSE(torch::equal(fp32->parameters()[0], bf16->parameters()[0])) << "bf16 did not autocast";
 }
 
+TEST_F(TrainStepTest, AFloat64ModelTrainsInFloat64OnBothPaths) {
+  for (const double dropout : {0.0, 0.5}) {
+    SCOPED_TRACE(::testing::Message() << "dropout " << dropout);
+    Mlp reference = model(Activation::kReLU, dropout);
+    Mlp stepped = model(Activation::kReLU, dropout);
+    reference->to(torch::kDouble);
+    stepped->to(torch::kDouble);
+    torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD optimizer(stepped->parameters(), torch::optim::SGDOptions(0.1));
+    TrainStep step(stepped, optimizer);
+    EXPECT_EQ(step.direct(), dropout == 0.0);
+    const at::Tensor x = torch::randn({16, 12}, torch::kDouble);
+    const at::Tensor y = torch::randint(0, 5, {16});
+    torch::manual_seed(7);
+    reference_optimizer.zero_grad();
+    const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+    const at::Tensor loss_sum = torch::nn::functional::cross_entropy(reference->forward(x), y, sum);
+    (loss_sum / 16.0).backward();
+    reference_optimizer.step();
+    torch::manual_seed(7);
+    const StepOutput out = step.run(x, y, 16);
+    EXPECT_EQ(out.loss_sum.scalar_type(), torch::kDouble);
+    EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach()));
+    expect_equal_parameters(reference, stepped);
+  }
+}
+
 TEST_F(TrainStepTest, WithAScalerTheLossIsScaledAndTheScalerSteps) {
   expect_amp_steps(Precision::kFloat32, /*with_scaler=*/true);
 }
