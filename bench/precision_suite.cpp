@@ -125,23 +125,23 @@ SuiteResult bench_precision(const SuiteOptions& options) {
         }
       }
 
-      std::map<std::string, double> fp32_seconds;
+      std::vector<Stats> stats;
       std::map<std::pair<Precision, std::string>, double> seconds;
       for (size_t i = 0; i < variants.size(); ++i) {
-        const double median = summarize(variants[i].samples).median;
-        seconds[{rows[i].precision, rows[i].variant}] = median;
-        if (rows[i].precision == Precision::kFloat32) {
-          fp32_seconds[rows[i].variant] = median;
-        }
+        stats.push_back(summarize(variants[i].samples));
+        seconds[{rows[i].precision, rows[i].variant}] = stats.back().median;
       }
+      const auto fp32_seconds = [&](const std::string& variant) {
+        return seconds.at({Precision::kFloat32, variant});
+      };
       const std::string key = device.str() + ".b=" + std::to_string(batch);
       for (size_t i = 0; i < variants.size(); ++i) {
         const Row& row = rows[i];
         if (row.variant == "pytorch" && !python_skipped.empty()) {
           continue;
         }
-        const Stats s = summarize(variants[i].samples);
-        const double vs_fp32 = fp32_seconds.at(row.variant) / s.median;
+        const Stats& s = stats[i];
+        const double vs_fp32 = fp32_seconds(row.variant) / s.median;
         Cell vs_pytorch;
         const auto python = seconds.find({row.precision, "pytorch"});
         if (row.variant == "dkit" && python_skipped.empty() && python != seconds.end()) {
@@ -160,14 +160,14 @@ SuiteResult bench_precision(const SuiteOptions& options) {
         }
         const std::string name = to_string(precision);
         std::string note = where + ": " + name + " trains at " +
-                           format_fixed(fp32_seconds.at("dkit") / seconds.at({precision, "dkit"}), 2) +
+                           format_fixed(fp32_seconds("dkit") / seconds.at({precision, "dkit"}), 2) +
                            "x fp32's samples/s in dkit";
         const auto python = seconds.find({precision, "pytorch"});
         if (python_skipped.empty() && python != seconds.end()) {
-          note += ", " + format_fixed(fp32_seconds.at("pytorch") / python->second, 2) + "x in PyTorch";
+          note += ", " + format_fixed(fp32_seconds("pytorch") / python->second, 2) + "x in PyTorch";
         }
         note += "; its matrix products alone run at " +
-                format_fixed(fp32_seconds.at("matmul") / seconds.at({precision, "matmul"}), 2) + "x fp32's";
+                format_fixed(fp32_seconds("matmul") / seconds.at({precision, "matmul"}), 2) + "x fp32's";
         result.notes.push_back(note);
       }
     }

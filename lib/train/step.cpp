@@ -164,6 +164,14 @@ struct TrainStep::Direct {
     return cast() ? logits : pre.back();
   }
 
+  // The weight and bias layer `layer` computes with: the parameters, or their casts.
+  const at::Tensor& layer_weight(size_t layer) const {
+    return cast() ? weight_casts[layer] : weights[layer];
+  }
+  const at::Tensor& layer_bias(size_t layer) const {
+    return cast() ? bias_casts[layer] : biases[layer];
+  }
+
   // Gives every buffer its shape for batches of `n` rows, so that the `_out` calls neither reallocate nor warn.
   void shape_for(int64_t n) {
     if (n == rows) {
@@ -270,10 +278,10 @@ struct TrainStep::Direct {
   // then adds the product to it; for float32 CPU buffers the rows are copied here, faster than addmm's broadcast copy.
   void linear(size_t layer, const at::Tensor& input) {
     at::Tensor& out = pre[layer];
-    const at::Tensor& bias = cast() ? bias_casts[layer] : biases[layer];
+    const at::Tensor& bias = layer_bias(layer);
     if (!out.device().is_cpu() || out.scalar_type() != at::kFloat || !out.is_contiguous() ||
         bias.scalar_type() != at::kFloat || !bias.is_contiguous()) {
-      at::addmm_out(out, bias, input, (cast() ? weight_casts[layer] : weights[layer]).t());
+      at::addmm_out(out, bias, input, layer_weight(layer).t());
       return;
     }
     const int64_t width = out.size(1);
@@ -283,7 +291,7 @@ struct TrainStep::Direct {
     for (int64_t r = 0; r < out.size(0); ++r) {
       std::memcpy(to + r * width, from, row_bytes);
     }
-    out.addmm_(input, weights[layer].t());
+    out.addmm_(input, layer_weight(layer).t());
   }
 
   void activate(size_t layer) {
@@ -386,19 +394,18 @@ struct TrainStep::Direct {
   void backward(const at::Tensor& features) {
     const at::Tensor* grad = &output_grad(weights.size() - 1);
     for (size_t i = weights.size(); i-- > 0;) {
+      at::Tensor& weight_grad = cast() ? weight_cast_grads[i] : weight_grads[i];
+      at::Tensor& bias_grad = cast() ? bias_cast_grads[i] : bias_grads[i];
+      at::mm_out(weight_grad, grad->t(), i == 0 ? features : post[i - 1]);
+      at::sum_out(bias_grad, *grad, {0});
       if (cast()) {
-        at::mm_out(weight_cast_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
-        at::sum_out(bias_cast_grads[i], *grad, {0});
-        weight_grads[i].copy_(weight_cast_grads[i]);
-        bias_grads[i].copy_(bias_cast_grads[i]);
-      } else {
-        at::mm_out(weight_grads[i], grad->t(), i == 0 ? features : post[i - 1]);
-        at::sum_out(bias_grads[i], *grad, {0});
+        weight_grads[i].copy_(weight_grad);
+        bias_grads[i].copy_(bias_grad);
       }
       if (i == 0) {
         break;
       }
-      at::mm_out(grad_post[i - 1], *grad, cast() ? weight_casts[i] : weights[i]);
+      at::mm_out(grad_post[i - 1], *grad, layer_weight(i));
       activation_backward(i - 1);
       grad = &grad_pre[i - 1];
     }
