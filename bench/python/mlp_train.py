@@ -2,10 +2,11 @@
 """Trains dkit's MLP in real PyTorch, the two idiomatic ways, and prints the steady-state throughput.
 
 This is the Python side of dkit's training comparisons (bench/compare_python.sh, `dkit bench train`). It builds
-the same model dkit builds (nn.Sequential of Linear and ReLU, PyTorch's default initialisation), the same
-optimizer (Adam by default; --optimizer sgd|adam|adamw with --lr, --momentum, --nesterov, --weight-decay, as the
-`optimizers` suite passes them) and the same cross-entropy loss, and feeds it the same data: a CSV of numbers with the label last
-(data/digits.csv by default, standardised), or random data of a given width. --precision bf16|fp16 runs the forward
+the same model dkit builds (nn.Sequential of Linear and ReLU, nn.Dropout after each ReLU with --dropout, PyTorch's
+default initialisation), the same optimizer (Adam by default; --optimizer sgd|adam|adamw with --lr, --momentum,
+--nesterov, --weight-decay, as the `optimizers` suite passes them) and the same cross-entropy loss, and feeds it the
+same data: a CSV of numbers with the label last (data/digits.csv by default, standardised), or random data of a given
+width. --precision bf16|fp16 runs the forward
 pass and the loss under torch.autocast, fp16 with a GradScaler, as PyTorch's AMP recipe does (the `precision` suite);
 a precision this PyTorch cannot autocast to on the device is an error.
 
@@ -48,10 +49,10 @@ def load_csv(path):
     return (features - mean) / std, labels
 
 
-def build_model(in_features, hidden, out_features):
+def build_model(in_features, hidden, out_features, dropout=0.0):
     layers, width = [], in_features
     for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
+        layers += [nn.Linear(width, h), nn.ReLU()] + ([nn.Dropout(dropout)] if dropout > 0 else [])
         width = h
     layers.append(nn.Linear(width, out_features))
     return nn.Sequential(*layers)
@@ -153,7 +154,7 @@ def warmed_up(name, args, X, y, hidden, classes, device):
     """The loop called `name`, a fresh model and optimizer, after --warmup untimed steps."""
     loop = LOOPS[name]
     torch.manual_seed(args.seed)
-    model = build_model(X.shape[1], hidden, classes).to(device)
+    model = build_model(X.shape[1], hidden, classes, args.dropout).to(device)
     opt = make_optimizer(args, model.parameters())
     amp = Amp(args.precision, device)
     if args.compile:
@@ -182,6 +183,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/digits.csv", help="CSV, label last; 'random:N:F:C' for random data")
     parser.add_argument("--hidden", default="256,256")
+    parser.add_argument("--dropout", type=float, default=0.0, help="nn.Dropout after each hidden ReLU, as dkit's Mlp")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3000, help="timed steps")
     parser.add_argument("--warmup", type=int, default=100, help="untimed steps first")
@@ -234,6 +236,7 @@ def main():
             "torch": torch.__version__, "device": str(device),
             "optimizer": repr(opt).splitlines()[0].strip(" ("),
             "threads": torch.get_num_threads(), "precision": args.precision, "batch": args.batch, "hidden": hidden,
+            "dropout": args.dropout,
             "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "seconds": seconds, "samples": samples,
             "ms_per_step": 1e3 * seconds / args.steps, "samples_per_second": samples / seconds,
             "runs_seconds": [run[0] for run in runs], "runs_samples": [run[1] for run in runs],

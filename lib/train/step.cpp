@@ -2,6 +2,7 @@
 
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
+#include <dkit/train/detail/bernoulli.h>
 #include <dkit/train/detail/side_by_side.h>
 #include <dkit/train/optim.h>
 
@@ -62,10 +63,13 @@ at::Tensor correct_count(const at::Tensor& logits, const at::Tensor& labels) {
 // strides, so that the values are the same bit for bit; outputs go into buffers kept from step to step. In bfloat16
 // it is the step autocast and autograd make: the weights, biases and features cast (autocast's casts), the layers
 // and activations in bfloat16, the logits cast back to float32 for the loss, and on the way back the logits'
-// gradient cast to bfloat16 and each parameter's gradient cast back to float32 (the casts' backward).
+// gradient cast to bfloat16 and each parameter's gradient cast back to float32 (the casts' backward). Dropout on
+// the CPU is at::dropout's own composition there (a noise tensor filled by bernoulli_ from the default generator,
+// divided by the keep probability, multiplied in), and its backward is the product's: the gradient times the noise.
 struct TrainStep::Direct {
   Activation activation;
   c10::ScalarType dtype;
+  double dropout;
   std::vector<at::Tensor> weights;
   std::vector<at::Tensor> biases;
   std::vector<at::Tensor> weight_grads;
@@ -86,6 +90,10 @@ struct TrainStep::Direct {
   std::vector<at::Tensor> post;
   std::vector<at::Tensor> grad_pre;
   std::vector<at::Tensor> grad_post;
+  // With dropout, per hidden layer: the noise and the activation's output times it, the next layer's input.
+  std::vector<at::Tensor> noise;
+  std::vector<at::Tensor> dropped;
+  bool dropping = false;
   at::Tensor log_probs;
   at::Tensor grad_log_probs;
   at::Tensor grad_logits;
@@ -121,7 +129,7 @@ struct TrainStep::Direct {
   bool last_beside = false;
 
   Direct(const Mlp& model, c10::ScalarType compute_dtype)
-      : activation(model->options.activation()), dtype(compute_dtype) {
+      : activation(model->options.activation()), dtype(compute_dtype), dropout(model->options.dropout()) {
     for (const auto& layer : model->layers()) {
       weights.push_back(layer->weight);
       biases.push_back(layer->bias);
@@ -147,6 +155,10 @@ struct TrainStep::Direct {
       post.push_back(activation == Activation::kGELU ? at::empty({0}, options) : pre[i]);
       grad_post.push_back(at::empty({0}, options));
       grad_pre.push_back(grad_post[i]);
+      if (dropout > 0.0 && i + 1 < layers) {
+        noise.push_back(at::empty({0}, options));
+        dropped.push_back(at::empty({0}, options));
+      }
     }
     log_probs = at::empty({0}, float_options);
     grad_log_probs = at::empty({0}, float_options);
@@ -182,6 +194,10 @@ struct TrainStep::Direct {
       const int64_t width = weights[i].size(0);
       for (at::Tensor* buffer : {&pre[i], &post[i], &grad_pre[i], &grad_post[i]}) {
         buffer->resize_({n, width});
+      }
+      if (i < noise.size()) {
+        noise[i].resize_({n, width});
+        dropped[i].resize_({n, width});
       }
     }
     for (at::Tensor* buffer : {&log_probs, &grad_log_probs, &grad_logits}) {
@@ -246,11 +262,17 @@ struct TrainStep::Direct {
     return grad_pre[layer];
   }
 
+  // The input of layer `layer` + 1: the activation's output, or that times the dropout noise.
+  const at::Tensor& hidden_output(size_t layer) const {
+    return dropping ? dropped[layer] : post[layer];
+  }
+
   // The models the hand-written backward implements, and nothing else: every field of MlpOptions at a value it
-  // knows, and a module made of the Linear layers alone, each with its weight and bias.
+  // knows (dropout on the CPU only, where at::dropout is the composition above; elsewhere it is a fused kernel),
+  // and a module made of the Linear layers alone, each with its weight and bias.
   static bool supports(const Mlp& model) {
     const MlpOptions& options = model->options;
-    if (options.dropout() != 0.0 || !options.bias()) {
+    if (!options.bias() || (options.dropout() != 0.0 && !model->layers().front()->weight.device().is_cpu())) {
       return false;
     }
     const auto& layers = model->layers();
@@ -302,7 +324,21 @@ struct TrainStep::Direct {
     }
   }
 
+  // at::dropout on the CPU: the noise drawn and scaled in place, then the product.
+  void drop(size_t layer) {
+    if (!detail::fill_bernoulli(noise[layer], 1 - dropout)) {
+      noise[layer].bernoulli_(1 - dropout);
+    }
+    noise[layer].div_(1 - dropout);
+    at::mul_out(dropped[layer], post[layer], noise[layer]);
+  }
+
+  // The backward pass of dropout (when it ran) and of the activation: grad_post[layer] holds the gradient with
+  // respect to the layer's output after both, and grad_pre[layer] (the same tensor) gets the one before both.
   void activation_backward(size_t layer) {
+    if (dropping) {
+      at::mul_out(grad_post[layer], grad_post[layer], noise[layer]);
+    }
     switch (activation) {
       case Activation::kReLU: at::threshold_backward_out(grad_pre[layer], grad_post[layer], post[layer], 0); break;
       case Activation::kTanh: at::tanh_backward_out(grad_pre[layer], grad_post[layer], post[layer]); break;
@@ -319,11 +355,13 @@ struct TrainStep::Direct {
   }
 
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
-                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer, FusedOptimizer* fused) {
+                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer, FusedOptimizer* fused,
+                 bool training) {
     const at::NoGradGuard no_grad;
     const size_t layers = weights.size();
     TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
     shape_for(features.size(0));
+    dropping = training && dropout > 0.0;
     const at::Tensor* input = &features;
     if (cast()) {
       for (size_t i = 0; i < layers; ++i) {
@@ -337,7 +375,10 @@ struct TrainStep::Direct {
       linear(i, *input);
       if (i + 1 < layers) {
         activate(i);
-        input = &post[i];
+        if (dropping) {
+          drop(i);
+        }
+        input = &hidden_output(i);
       }
     }
     if (cast()) {
@@ -396,7 +437,7 @@ struct TrainStep::Direct {
     for (size_t i = weights.size(); i-- > 0;) {
       at::Tensor& weight_grad = cast() ? weight_cast_grads[i] : weight_grads[i];
       at::Tensor& bias_grad = cast() ? bias_cast_grads[i] : bias_grads[i];
-      at::mm_out(weight_grad, grad->t(), i == 0 ? features : post[i - 1]);
+      at::mm_out(weight_grad, grad->t(), i == 0 ? features : hidden_output(i - 1));
       at::sum_out(bias_grad, *grad, {0});
       if (cast()) {
         weight_grads[i].copy_(weight_grad);
@@ -446,7 +487,7 @@ struct TrainStep::Direct {
         activation_backward(i - 1);
       };
       phase.second = [&, i] {
-        at::mm_out(weight_grads[i], output_grads_t[i], post[i - 1]);
+        at::mm_out(weight_grads[i], output_grads_t[i], hidden_output(i - 1));
         at::sum_out(bias_grads[i], output_grad(i), {0});
         if (i + 1 == layers) {
           outputs();
@@ -547,7 +588,7 @@ void TrainStep::prepare(int64_t rows) {
 StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
   TORCH_CHECK(global_samples > 0, "TrainStep::run needs a positive global_samples, got ", global_samples);
   if (direct_ && direct_->accepts(features, labels)) {
-    return direct_->run(features, labels, global_samples, parameters_, *optimizer_, fused_);
+    return direct_->run(features, labels, global_samples, parameters_, *optimizer_, fused_, model_->is_training());
   }
   if (direct_) {
     direct_->last_beside = false;

@@ -51,10 +51,11 @@ struct TrainStepOptions {
 /// cross-entropy, backward with the gradient of the mean over the global batch (so that the ranks' gradients add
 /// up to that of the global mean), optimizer step. It never waits for the device.
 ///
-/// For an Mlp without dropout, in float32, without a scaler or a `before_update` (TrainStepOptions), the backward
-/// pass is written out, layer by layer, as the LibTorch operations that autograd would run for it (addmm's,
-/// log_softmax's, nll_loss's and the activation's backward formulas), into buffers reused from step to step: the
-/// same values bit for bit, without building and walking an autograd graph and without allocating each step. The
+/// For an Mlp in float32 (with dropout: on the CPU), without a scaler or a `before_update` (TrainStepOptions), the
+/// backward pass is written out, layer by layer, as the LibTorch operations that autograd would run for it (addmm's,
+/// log_softmax's, nll_loss's, the activation's and dropout's backward formulas; dropout's noise drawn as at::dropout
+/// draws it, from the default generator), into buffers reused from step to step: the same values bit for bit,
+/// without building and walking an autograd graph and without allocating each step. The
 /// parameters' gradients are then those buffers. In bfloat16 on the CPU the same holds for the step autocast and
 /// autograd would make: the casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in
 /// float32, the casts' backward, bit for bit. Otherwise, or with inputs that require gradients, the step is

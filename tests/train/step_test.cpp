@@ -93,8 +93,39 @@ TEST_F(TrainStepTest, WrittenOutBackwardOfTanhAndGeluIsBitwiseTheTextbookLoop) {
   expect_textbook_steps(Activation::kGELU, 0.0, /*threads=*/1, /*direct=*/true);
 }
 
-TEST_F(TrainStepTest, DropoutTakesAutogradAndIsBitwiseTheTextbookLoop) {
-  expect_textbook_steps(Activation::kReLU, 0.25, /*threads=*/1, /*direct=*/false);
+TEST_F(TrainStepTest, DropoutIsWrittenOutAndBitwiseTheTextbookLoop) {
+  for (const Activation activation : {Activation::kReLU, Activation::kTanh, Activation::kGELU}) {
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << to_string(activation) << ", " << threads << " thread(s)");
+      expect_textbook_steps(activation, 0.25, threads, /*direct=*/true);
+    }
+  }
+}
+
+// A model in eval mode trains without dropout on both paths, and the step draws nothing from the generator.
+TEST_F(TrainStepTest, InEvalModeDropoutIsOffAndDrawsNothing) {
+  Mlp reference = model(Activation::kReLU, 0.5);
+  Mlp stepped = model(Activation::kReLU, 0.5);
+  reference->eval();
+  stepped->eval();
+  torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optimizer(stepped->parameters(), torch::optim::SGDOptions(0.1));
+  TrainStep step(stepped, optimizer);
+  ASSERT_TRUE(step.direct());
+  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (const auto& [x, y] : batches(3, 9)) {
+    reference_optimizer.zero_grad();
+    const at::Tensor loss = torch::nn::functional::cross_entropy(reference->forward(x), y, sum);
+    (loss / 9.0).backward();
+    reference_optimizer.step();
+    torch::manual_seed(11);
+    const StepOutput out = step.run(x, y, 9);
+    const at::Tensor next = torch::rand({4});
+    torch::manual_seed(11);
+    EXPECT_TRUE(torch::equal(next, torch::rand({4}))) << "the step drew from the generator";
+    EXPECT_TRUE(torch::equal(out.loss_sum, loss.detach()));
+  }
+  expect_equal_parameters(reference, stepped);
 }
 
 TEST_F(TrainStepTest, AStridedBiasTakesAddmmsOwnCopyAndIsBitwiseTheTextbookLoop) {
@@ -140,15 +171,15 @@ TEST_F(TrainStepTest, GradientsAreTheParametersOwnAfterAStep) {
   }
 }
 
-// The hand-written backward takes only the models it implements: no bias, dropout, or any module, parameter or
-// buffer beyond the Linear layers sends the step to autograd, which still trains the model as written.
+// The hand-written backward takes only the models it implements: no bias, or any module, parameter or buffer
+// beyond the Linear layers sends the step to autograd, which still trains the model as written.
 TEST_F(TrainStepTest, TheHandWrittenBackwardRefusesModelsItDoesNotKnow) {
   const auto direct_for = [](Mlp net) {
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
     return TrainStep(net, optimizer).direct();
   };
   EXPECT_TRUE(direct_for(model()));
-  EXPECT_FALSE(direct_for(model(Activation::kReLU, 0.1)));
+  EXPECT_TRUE(direct_for(model(Activation::kReLU, 0.1)));
   EXPECT_FALSE(direct_for(Mlp(MlpOptions(12, {32, 16}, 5).bias(false))));
   Mlp extra_module = model();
   extra_module->register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({5})));
@@ -182,10 +213,12 @@ void expect_beside_steps(const Options& options, int64_t rows, bool beside,
     const at::Tensor x = torch::randn({rows, shape.in_features()});
     const at::Tensor y = torch::randint(0, shape.out_features(), {rows});
     reference_optimizer.zero_grad();
+    torch::manual_seed(50 + index);
     const at::Tensor logits = reference->forward(x);
     const at::Tensor loss_sum = torch::nn::functional::cross_entropy(logits, y, sum);
     (loss_sum / static_cast<double>(rows)).backward();
     reference_optimizer.step();
+    torch::manual_seed(50 + index);
     const StepOutput out = step.run(x, y, rows);
     EXPECT_EQ(step.ran_beside(), beside) << "step " << index;
     EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
@@ -219,8 +252,9 @@ TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseTheTextbookLoopForEv
 
 // Beside the updates, the loss's gradient and the first layer's weight gradient are split between the threads by
 // rows: still bitwise at Fashion-MNIST's 784 features, at odd widths, with one row (one thread's half is empty),
-// with one layer, with tanh and GELU, whose backward also runs in place, and at kBesideRows rows, where OpenBLAS's
-// Haswell kernels send every layer's products outside the parallel region.
+// with one layer, with tanh and GELU, whose backward also runs in place, with dropout (Fashion-MNIST's config),
+// and at kBesideRows rows, where OpenBLAS's Haswell kernels send every layer's products outside the parallel
+// region.
 TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseAtOtherShapesAndActivations) {
   using torch::optim::AdamOptions;
   using torch::optim::SGDOptions;
@@ -235,6 +269,10 @@ TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseAtOtherShapesAndActi
                                                    MlpOptions(64, {256, 256}, 10).activation(Activation::kTanh));
   expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 37, beside,
                                                      MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU));
+  expect_beside_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3), 64, beside,
+                                                       MlpOptions(784, {512, 256}, 10).dropout(0.1));
+  expect_beside_steps<torch::optim::SGD, FusedSGD>(
+      SGDOptions(0.05), 37, beside, MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU).dropout(0.5));
   expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9), kBesideRows, beside);
 }
 
@@ -390,12 +428,12 @@ TEST_F(TrainStepTest, RejectsAnEmptyGlobalBatch) {
 // under autocast, the loss in float32, backward through the scaler, the scaler's step and update; batches of
 // `rows` rows (and one of 1 row), on `threads` threads. bf16 without a scaler takes the written-out step.
 void expect_amp_steps(Precision precision, bool with_scaler, Activation activation = Activation::kReLU,
-                      int64_t rows = 20, int threads = 0) {
+                      int64_t rows = 20, int threads = 0, double dropout = 0.0) {
   const int previous_threads = at::get_num_threads();
   if (threads > 0) {
     at::set_num_threads(threads);
   }
-  const MlpOptions options = MlpOptions(12, {32, 16}, 5).activation(activation);
+  const MlpOptions options = MlpOptions(12, {32, 16}, 5).activation(activation).dropout(dropout);
   torch::manual_seed(3);
   Mlp reference(options);
   torch::manual_seed(3);
@@ -417,6 +455,7 @@ void expect_amp_steps(Precision precision, bool with_scaler, Activation activati
     const at::Tensor x = torch::randn({n, 12});
     const at::Tensor y = torch::randint(0, 5, {n});
     reference_optimizer.zero_grad();
+    torch::manual_seed(70 + index);
     at::Tensor logits;
     if (precision == Precision::kFloat32) {
       logits = reference->forward(x);
@@ -435,6 +474,7 @@ void expect_amp_steps(Precision precision, bool with_scaler, Activation activati
       loss.backward();
       reference_optimizer.step();
     }
+    torch::manual_seed(70 + index);
     const StepOutput out = step.run(x, y, 40);
     EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
     EXPECT_EQ(out.loss_sum.scalar_type(), torch::kFloat);
@@ -463,6 +503,8 @@ TEST_F(TrainStepTest, InBf16TheWrittenOutStepIsBitwiseAutocastAndAutogradAsInPyT
         expect_amp_steps(Precision::kBFloat16, /*with_scaler=*/false, activation, rows, threads);
       }
     }
+    SCOPED_TRACE(::testing::Message() << to_string(activation) << " with dropout");
+    expect_amp_steps(Precision::kBFloat16, /*with_scaler=*/false, activation, 64, 2, /*dropout=*/0.25);
   }
 }
 
@@ -479,16 +521,20 @@ TEST_F(TrainStepTest, InBf16TheStepTrainsOtherwiseThanInFp32) {
 }
 
 TEST_F(TrainStepTest, AFloat64ModelTrainsInFloat64OnBothPaths) {
-  for (const double dropout : {0.0, 0.5}) {
-    SCOPED_TRACE(::testing::Message() << "dropout " << dropout);
-    Mlp reference = model(Activation::kReLU, dropout);
-    Mlp stepped = model(Activation::kReLU, dropout);
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "bias " << bias);
+    const auto make = [bias] {
+      torch::manual_seed(3);
+      return Mlp(MlpOptions(12, {32, 16}, 5).dropout(0.5).bias(bias));
+    };
+    Mlp reference = make();
+    Mlp stepped = make();
     reference->to(torch::kDouble);
     stepped->to(torch::kDouble);
     torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD optimizer(stepped->parameters(), torch::optim::SGDOptions(0.1));
     TrainStep step(stepped, optimizer);
-    EXPECT_EQ(step.direct(), dropout == 0.0);
+    EXPECT_EQ(step.direct(), bias);
     const at::Tensor x = torch::randn({16, 12}, torch::kDouble);
     const at::Tensor y = torch::randint(0, 5, {16});
     torch::manual_seed(7);
