@@ -58,6 +58,20 @@ TEST_F(BernoulliTest, LeavesOtherTensorsToBernoulliAndDrawsNothing) {
   EXPECT_TRUE(torch::equal(torch::rand({5}), expected_next));
 }
 
+TEST_F(BernoulliTest, LeavesAGeneratorInAStateTheTwisterNeverReachesToBernoulli) {
+  at::Generator generator = at::detail::createCPUGenerator(5);
+  auto* impl = generator.get<at::CPUGeneratorImpl>();
+  at::mt19937 engine = impl->engine();
+  at::mt19937_data_pod pod = engine.data();
+  pod.left_ = 600;
+  pod.next_ = 600;
+  engine.set_data(pod);
+  impl->set_engine(engine);
+  at::Tensor out = torch::empty({4});
+  EXPECT_FALSE(fill_bernoulli(out, 0.5, generator));
+  EXPECT_EQ(impl->engine().data().next_, 600U) << "drew from the generator";
+}
+
 TEST_F(BernoulliTest, DrawsFromTheGeneratorItIsGiven) {
   if (!bernoulli_matches()) {
     GTEST_SKIP() << "this LibTorch's bernoulli_ draws otherwise";

@@ -94,6 +94,9 @@ bool fill_unchecked(at::Tensor& out, double p, const at::Generator& generator) {
   const std::lock_guard<std::mutex> lock(impl->mutex_);
   at::mt19937 engine = impl->engine();
   at::mt19937_data_pod pod = engine.data();
+  if (pod.left_ < 1 || pod.next_ + static_cast<uint32_t>(pod.left_) - 1 > static_cast<uint32_t>(kStateSize)) {
+    return false;
+  }
   const int64_t count = out.numel();
   switch (type) {
     case at::kFloat: fill(out.data_ptr<float>(), count, p, pod); break;
