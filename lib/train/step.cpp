@@ -583,6 +583,9 @@ void TrainStep::prepare(int64_t rows) {
   if (direct_ && fused_ != nullptr && direct_->beside(rows)) {
     direct_->plan_for(rows);
   }
+  if (direct_ && direct_->dropout > 0.0) {
+    detail::bernoulli_matches();
+  }
 }
 
 StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {

@@ -85,9 +85,9 @@ class TrainStep {
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples);
 
   /// Does now what the first run() on batches of `rows` rows would otherwise do once in this process: the checks
-  /// that decide which of the backward pass's operations run beside the updates (see the class), some milliseconds
-  /// each. Optional: run() makes them when they are missing. dkit::Trainer calls it before it starts timing steps,
-  /// for its full batches and its short last one.
+  /// that decide which of the backward pass's operations run beside the updates (see the class), and with dropout
+  /// the check of dkit's noise against bernoulli_, some milliseconds each. Optional: run() makes them when they are
+  /// missing. dkit::Trainer calls it before it starts timing steps, for its full batches and its short last one.
   void prepare(int64_t rows);
 
   /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
