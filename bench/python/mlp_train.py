@@ -6,9 +6,9 @@ the same model dkit builds (nn.Sequential of Linear and ReLU, nn.Dropout after e
 default initialisation), the same optimizer (Adam by default; --optimizer sgd|adam|adamw with --lr, --momentum,
 --nesterov, --weight-decay, as the `optimizers` suite passes them) and the same cross-entropy loss, and feeds it the
 same data: a CSV of numbers with the label last (data/digits.csv by default, standardised), or random data of a given
-width. --precision bf16|fp16 runs the forward
-pass and the loss under torch.autocast, fp16 with a GradScaler, as PyTorch's AMP recipe does (the `precision` suite);
-a precision this PyTorch cannot autocast to on the device is an error.
+width. --precision bf16|fp16 runs the forward pass and the loss under torch.autocast, fp16 with a GradScaler, as
+PyTorch's AMP recipe does (the `precision` suite); a precision this PyTorch cannot autocast to on the device is an
+error.
 
 Two loops, as PyTorch users write them:
   dataloader  for x, y in DataLoader(TensorDataset(X, y), batch_size=B, shuffle=True)

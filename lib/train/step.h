@@ -55,20 +55,20 @@ struct TrainStepOptions {
 /// backward pass is written out, layer by layer, as the LibTorch operations that autograd would run for it (addmm's,
 /// log_softmax's, nll_loss's, the activation's and dropout's backward formulas; dropout's noise drawn as at::dropout
 /// draws it, from the default generator), into buffers reused from step to step: the same values bit for bit,
-/// without building and walking an autograd graph and without allocating each step. The
-/// parameters' gradients are then those buffers. In bfloat16 on the CPU the same holds for the step autocast and
-/// autograd would make: the casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in
-/// float32, the casts' backward, bit for bit. Otherwise, or with inputs that require gradients, the step is
-/// autograd's (gradients set to none, the forward pass under autocast in bf16 and fp16, `backward()`).
+/// without building and walking an autograd graph and without allocating each step. The parameters' gradients are
+/// then those buffers. In bfloat16 on the CPU the same holds for the step autocast and autograd would make: the
+/// casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in float32, the casts'
+/// backward, bit for bit. Otherwise, or with inputs that require gradients, the step is autograd's (gradients set to
+/// none, the forward pass under autocast in bf16 and fp16, `backward()`).
 ///
-/// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP
-/// builds), float32 and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
+/// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP builds),
+/// float32 and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
 /// optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its input's
 /// gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each, and
-/// each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product
-/// on one thread otherwise than on two (OpenBLAS 0.3.21's Haswell kernels do), so the step first checks, once per
-/// process and size, that each of those products gives the same bits there; a layer whose products would not runs
-/// them outside the region, on both threads, as above. The values are still bitwise those above. Example:
+/// each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product on
+/// one thread otherwise than on two (OpenBLAS 0.3.21's Haswell kernels do), so the step first checks, once per process
+/// and size, that each of those products gives the same bits there; a layer whose products would not runs them outside
+/// the region, on both threads, as above. The values are still bitwise those above. Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);
