@@ -56,9 +56,9 @@ struct GradientReducer::Impl {
     }
   }
 
-  void on_gradient(int64_t index, const at::Tensor& grad) {
+  void on_gradient(int64_t index, const at::Tensor& grad, bool from_hook) {
     std::lock_guard<std::mutex> lock(mutex);
-    TORCH_CHECK(!parameters[index].grad().defined(), "GradientReducer: parameter ", index,
+    TORCH_CHECK(!from_hook || !parameters[index].grad().defined(), "GradientReducer: parameter ", index,
                 " still has a gradient from before this backward; set every .grad to an undefined tensor (not zero) "
                 "before backward, as zero_grad(set_to_none) does");
     Slot& slot = slots[index];
@@ -112,7 +112,8 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters, std::shared
   s.reset();
   for (int64_t i = 0; i < static_cast<int64_t>(s.parameters.size()); ++i) {
     Impl* impl = impl_.get();
-    s.hooks.push_back(s.parameters[i].register_hook([impl, i](const at::Tensor& grad) { impl->on_gradient(i, grad); }));
+    s.hooks.push_back(s.parameters[i].register_hook(
+        [impl, i](const at::Tensor& grad) { impl->on_gradient(i, grad, /*from_hook=*/true); }));
   }
 }
 
@@ -145,6 +146,25 @@ void GradientReducer::synchronize() {
     s.parameters[i].mutable_grad() = s.view(i);
   }
   s.reset();
+}
+
+int64_t GradientReducer::index_of(const at::Tensor& parameter) const {
+  const auto& parameters = impl_->parameters;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (parameters[i].is_same(parameter)) {
+      return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
+
+void GradientReducer::mark_ready(int64_t index, const at::Tensor& gradient) {
+  Impl& s = *impl_;
+  TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(s.parameters.size()),
+              "GradientReducer::mark_ready: no parameter ", index, " (there are ", s.parameters.size(), ")");
+  TORCH_CHECK(gradient.sizes() == s.parameters[index].sizes(), "GradientReducer::mark_ready: parameter ", index,
+              " has shape ", s.parameters[index].sizes(), ", its gradient ", gradient.sizes());
+  s.on_gradient(index, gradient, /*from_hook=*/false);
 }
 
 std::vector<std::vector<int64_t>> GradientReducer::buckets() const {

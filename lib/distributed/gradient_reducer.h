@@ -50,6 +50,15 @@ class GradientReducer {
   /// naming it (see ProcessGroupContext::wait()).
   void synchronize();
 
+  /// The position of `parameter` in the constructor's list (the same tensor, not an equal one), or -1.
+  int64_t index_of(const at::Tensor& parameter) const;
+
+  /// Takes parameter `index`'s gradient from a backward pass that autograd does not run (dkit::TrainStep's
+  /// written-out one) as the parameter's hook takes autograd's: copied into its bucket, whose allreduce starts as soon
+  /// as the bucket is complete. Once per parameter and backward pass, before synchronize(); a second call adds to the
+  /// first, as a second hook call does. The parameter's `.grad` may be defined (the written-out pass's buffer).
+  void mark_ready(int64_t index, const at::Tensor& gradient);
+
   /// The parameter indices (positions in the constructor's list) in each bucket, in launch order.
   std::vector<std::vector<int64_t>> buckets() const;
 

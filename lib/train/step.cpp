@@ -2,6 +2,7 @@
 
 #include <dkit/core/compat.h>
 #include <dkit/core/error.h>
+#include <dkit/distributed/gradient_reducer.h>
 #include <dkit/train/detail/bernoulli.h>
 #include <dkit/train/detail/side_by_side.h>
 #include <dkit/train/optim.h>
@@ -127,6 +128,10 @@ struct TrainStep::Direct {
   at::Tensor seed_gradient;
   int64_t seed_samples = 0;
   bool last_beside = false;
+  // The reducer that sums the gradients over the ranks, and each layer's weight's and bias's positions in it.
+  GradientReducer* reducer = nullptr;
+  std::vector<int64_t> weight_slots;
+  std::vector<int64_t> bias_slots;
 
   Direct(const Mlp& model, c10::ScalarType compute_dtype)
       : activation(model->options.activation()), dtype(compute_dtype), dropout(model->options.dropout()) {
@@ -164,6 +169,14 @@ struct TrainStep::Direct {
     grad_log_probs = at::empty({0}, float_options);
     grad_logits = at::empty({0}, float_options);
     sum_total_weight = at::zeros({}, float_options);
+  }
+
+  void reduce_with(GradientReducer* r) {
+    reducer = r;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      weight_slots.push_back(reducer->index_of(weights[i]));
+      bias_slots.push_back(reducer->index_of(biases[i]));
+    }
   }
 
   // Whether the step runs in a dtype other than its parameters' (bfloat16), through casts.
@@ -346,12 +359,13 @@ struct TrainStep::Direct {
     }
   }
 
-  // Whether this step's backward pass runs beside the fused optimizer's updates: two intra-op threads, each
-  // taking one of a layer's two products, and a batch small enough that LibTorch's two threads in one product
-  // would spend more on handing work over than the product takes.
+  // Whether this step's backward pass runs beside the fused optimizer's updates: no reducer (the updates need the
+  // summed gradients), two intra-op threads, each taking one of a layer's two products, and a batch small enough
+  // that LibTorch's two threads in one product would spend more on handing work over than the product takes.
   bool beside(int64_t batch_rows) const {
-    return DKIT_WITH_OPENMP && !cast() && at::get_num_threads() == 2 && !at::in_parallel_region() &&
-           weights.front().device().is_cpu() && batch_rows > 0 && batch_rows <= kBesideRows;
+    return DKIT_WITH_OPENMP && reducer == nullptr && !cast() && at::get_num_threads() == 2 &&
+           !at::in_parallel_region() && weights.front().device().is_cpu() && batch_rows > 0 &&
+           batch_rows <= kBesideRows;
   }
 
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
@@ -406,6 +420,9 @@ struct TrainStep::Direct {
       grad_logits_cast.copy_(grad_logits);
     }
     backward(cast() ? features_cast : features);
+    if (reducer != nullptr) {
+      reducer->synchronize();
+    }
     optimizer.step();
     return {loss_sum(labels), correct_count(loss_logits(), labels)};
   }
@@ -442,6 +459,10 @@ struct TrainStep::Direct {
       if (cast()) {
         weight_grads[i].copy_(weight_grad);
         bias_grads[i].copy_(bias_grad);
+      }
+      if (reducer != nullptr) {
+        reducer->mark_ready(weight_slots[i], weight_grads[i]);
+        reducer->mark_ready(bias_slots[i], bias_grads[i]);
       }
       if (i == 0) {
         break;
@@ -556,6 +577,13 @@ TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOpt
   if (options_.precision() != Precision::kFloat32) {
     check_autocast(parameters_.front().device().type(), autocast_dtype_of(options_.precision()));
   }
+  if (options_.reducer() != nullptr) {
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      DKIT_CHECK(options_.reducer()->index_of(parameters_[i]) >= 0,
+                 "TrainStepOptions::reducer is over other parameters than the model's (it lacks the model's parameter ",
+                 i, ")");
+    }
+  }
   const at::Tensor& first = parameters_.front();
   const bool written_precision =
       options_.precision() == Precision::kFloat32 ||
@@ -563,6 +591,9 @@ TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOpt
   if (written_precision && options_.scaler() == nullptr && !options_.before_update() && Direct::supports(model_)) {
     direct_ = std::make_unique<Direct>(
         model_, options_.precision() == Precision::kFloat32 ? first.scalar_type() : at::kBFloat16);
+    if (options_.reducer() != nullptr) {
+      direct_->reduce_with(options_.reducer());
+    }
   }
 }
 
@@ -619,6 +650,9 @@ StepOutput TrainStep::run_autograd(const at::Tensor& features, const at::Tensor&
     scaler->scale(loss_sum / static_cast<double>(global_samples)).backward();
   } else {
     loss_sum.backward(mean_gradient(loss_sum, global_samples));
+  }
+  if (options_.reducer() != nullptr) {
+    options_.reducer()->synchronize();
   }
   if (options_.before_update()) {
     options_.before_update()();

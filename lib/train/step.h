@@ -20,6 +20,7 @@ class Optimizer;
 namespace dkit {
 
 class FusedOptimizer;
+class GradientReducer;
 
 /// The largest batch (rows per process) whose backward pass TrainStep runs beside its fused optimizer's updates.
 inline constexpr int64_t kBesideRows = 256;
@@ -43,7 +44,15 @@ struct TrainStepOptions {
   /// A loss scaler (for float16), which must outlive the step: the loss is scaled before backward, and the
   /// scaler's step() and update() take the optimizer's place. Null: `optimizer.step()`.
   TORCH_ARG(ScalerPointer, scaler) = nullptr;
-  /// Called between the backward pass and the optimizer's step, e.g. to all-reduce the gradients over processes.
+  /// A pointer to a GradientReducer (spelt so for TORCH_ARG).
+  using ReducerPointer = GradientReducer*;
+  /// A GradientReducer over the model's parameters, which must outlive the step: each step sums its gradients over
+  /// the ranks before the update. The written-out backward pass hands the reducer each gradient as soon as it is
+  /// final (GradientReducer::mark_ready), so that buckets start while the pass goes on, as autograd's hooks start
+  /// them on autograd's path. Null: each process keeps its own gradients.
+  TORCH_ARG(ReducerPointer, reducer) = nullptr;
+  /// Called between the backward pass (and the reducer's sum) and the optimizer's step, e.g. to clip gradients;
+  /// the step is then autograd's, whose hooks (Tensor::register_hook) the written-out pass would not run.
   TORCH_ARG(std::function<void()>, before_update) = nullptr;
 };
 
@@ -51,24 +60,24 @@ struct TrainStepOptions {
 /// cross-entropy, backward with the gradient of the mean over the global batch (so that the ranks' gradients add
 /// up to that of the global mean), optimizer step. It never waits for the device.
 ///
-/// For an Mlp in float32 (with dropout: on the CPU), without a scaler or a `before_update` (TrainStepOptions), the
-/// backward pass is written out, layer by layer, as the LibTorch operations that autograd would run for it (addmm's,
-/// log_softmax's, nll_loss's, the activation's and dropout's backward formulas; dropout's noise drawn as at::dropout
-/// draws it, from the default generator), into buffers reused from step to step: the same values bit for bit,
-/// without building and walking an autograd graph and without allocating each step. The parameters' gradients are
-/// then those buffers. In bfloat16 on the CPU the same holds for the step autocast and autograd would make: the
-/// casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in float32, the casts'
+/// For an Mlp in float32 (with dropout: on the CPU), without a scaler or a `before_update` (TrainStepOptions; a
+/// `reducer` is fine), the backward pass is written out, layer by layer, as the LibTorch operations that autograd would
+/// run for it (addmm's, log_softmax's, nll_loss's, the activation's and dropout's backward formulas; dropout's noise
+/// drawn as at::dropout draws it, from the default generator), into buffers reused from step to step: the same values
+/// bit for bit, without building and walking an autograd graph and without allocating each step. The parameters'
+/// gradients are then those buffers. In bfloat16 on the CPU the same holds for the step autocast and autograd would
+/// make: the casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in float32, the casts'
 /// backward, bit for bit. Otherwise, or with inputs that require gradients, the step is autograd's (gradients set to
 /// none, the forward pass under autocast in bf16 and fp16, `backward()`).
 ///
 /// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP builds),
-/// float32 and at most kBesideRows rows, the loss and the written-out backward run in one parallel region beside the
-/// optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its input's
-/// gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each, and
-/// each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product on
-/// one thread otherwise than on two (OpenBLAS 0.3.21's Haswell kernels do), so the step first checks, once per process
-/// and size, that each of those products gives the same bits there; a layer whose products would not runs them outside
-/// the region, on both threads, as above. The values are still bitwise those above. Example:
+/// float32, at most kBesideRows rows and no reducer, the loss and the written-out backward run in one parallel region
+/// beside the optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its
+/// input's gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each,
+/// and each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product
+/// on one thread otherwise than on two (OpenBLAS 0.3.21's Haswell kernels do), so the step first checks, once per
+/// process and size, that each of those products gives the same bits there; a layer whose products would not runs them
+/// outside the region, on both threads, as above. The values are still bitwise those above. Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);
@@ -77,7 +86,8 @@ struct TrainStepOptions {
 class TrainStep {
  public:
   /// A step of `model` by `optimizer`, which must be over the model's parameters; both must outlive the step.
-  /// An error when `options` ask for autocast that this LibTorch lacks on the model's device (see AutocastGuard).
+  /// An error when `options` ask for autocast that this LibTorch lacks on the model's device (see AutocastGuard),
+  /// or name a reducer over other parameters than the model's.
   TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOptions options = {});
 
   /// Trains on one batch: `features` `[rows, in_features]`, `labels` `[rows]` (int64), where the whole batch over

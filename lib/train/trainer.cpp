@@ -533,9 +533,7 @@ struct Trainer::Impl {
     if (data_parallel_devices.empty()) {
       TrainStepOptions step_options;
       step_options.precision(config.precision).scaler(scaler ? &*scaler : nullptr);
-      if (reducer) {
-        step_options.before_update([this] { reducer->synchronize(); });
-      }
+      step_options.reducer(reducer.get());
       train_step.emplace(model, *optimizer, std::move(step_options));
       train_step->prepare(loader.batch_rows(0));
       train_step->prepare(loader.batch_rows(loader.batches_per_epoch() - 1));

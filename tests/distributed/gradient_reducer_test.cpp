@@ -2,9 +2,14 @@
 
 #include <dkit/distributed/process_group.h>
 #include <dkit/model/mlp.h>
+#include <dkit/train/optim.h>
+#include <dkit/train/step.h>
 
 #include "../support.h"
 #include "network.h"
+
+#include <array>
+#include <memory>
 
 namespace dkit {
 namespace {
@@ -165,6 +170,138 @@ TEST_F(GradientReducerTest, AGradientLeftFromBeforeIsRefused) {
                                "does"),
                   std::string::npos)
             << message;
+      },
+      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+  EXPECT_EQ(errors, std::vector<std::string>{""});
+}
+
+TEST_F(GradientReducerTest, MarkedGradientsAreSummedAsTheHooksSumThem) {
+  const auto hooked = reduced_gradients({5, 7});
+  std::vector<Mlp> nets{network(), network()};
+  std::vector<Mlp> twins{network(), network()};
+  std::vector<std::vector<at::Tensor>> marked(2);
+  const int port = test::free_port();
+  const auto errors = test::run_ranks(
+      {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
+      [&](int64_t rank, ProcessGroupContext& group) {
+        GradientReducer reducer(nets[rank]->parameters(), std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
+        const auto params = nets[rank]->parameters();
+        const auto twin_params = twins[rank]->parameters();
+        const int64_t begin = rank == 0 ? 0 : 5;
+        for (int step = 0; step < 2; ++step) {
+          for (auto& p : twin_params) {
+            p.mutable_grad() = at::Tensor();
+          }
+          (loss_sum(twins[rank], x_.narrow(0, begin, rank == 0 ? 5 : 7), y_.narrow(0, begin, rank == 0 ? 5 : 7)) /
+           12.0)
+              .backward();
+          for (size_t i = params.size(); i-- > 0;) {
+            params[i].mutable_grad() = twin_params[i].grad().clone();
+            reducer.mark_ready(reducer.index_of(params[i]), twin_params[i].grad());
+          }
+          reducer.synchronize();
+        }
+        for (const auto& p : params) {
+          marked[rank].push_back(p.grad().clone());
+        }
+      },
+      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(marked[r].size(), hooked[r].size());
+    for (size_t i = 0; i < hooked[r].size(); ++i) {
+      EXPECT_TRUE(torch::equal(marked[r][i], hooked[r][i])) << "rank " << r << ", parameter " << i;
+    }
+  }
+}
+
+TEST_F(GradientReducerTest, IndexOfAndMarkReadyNameWhatTheyRefuse) {
+  const int port = test::free_port();
+  const auto errors = test::run_ranks(
+      {test::loopback_launch(0, 1, port)},
+      [&](int64_t, ProcessGroupContext& group) {
+        Mlp net = network();
+        const auto params = net->parameters();
+        GradientReducer reducer(params, std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
+        for (size_t i = 0; i < params.size(); ++i) {
+          EXPECT_EQ(reducer.index_of(params[i]), static_cast<int64_t>(i));
+        }
+        EXPECT_EQ(reducer.index_of(params[0].detach().clone()), -1) << "an equal tensor is not the parameter";
+        EXPECT_EQ(test::error_message([&] { reducer.mark_ready(6, torch::zeros({3})); }),
+                  "GradientReducer::mark_ready: no parameter 6 (there are 6)");
+        EXPECT_EQ(test::error_message([&] { reducer.mark_ready(5, torch::zeros({4})); }),
+                  "GradientReducer::mark_ready: parameter 5 has shape [3], its gradient [4]");
+      },
+      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+  EXPECT_EQ(errors, std::vector<std::string>{""});
+}
+
+// Per rank, the same network twice: one trained by a TrainStep that hands its written-out gradients to its reducer,
+// the other by a TrainStep on autograd's path (an empty before_update sends it there), whose hooks fill its reducer.
+// The third step gives rank 1 no rows, as a short last batch does: that step is autograd's on both.
+TEST_F(GradientReducerTest, TheWrittenOutStepSumsOverTheRanksWithAutogradsBits) {
+  for (const bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "FusedAdam" : "FusedSGD");
+    std::vector<Mlp> written{network(), network()};
+    std::vector<Mlp> autograd{network(), network()};
+    std::vector<bool> direct(2, false);
+    const std::vector<std::array<int64_t, 2>> rows{{5, 7}, {7, 5}, {8, 0}};
+    const int port = test::free_port();
+    const auto errors = test::run_ranks(
+        {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
+        [&](int64_t rank, ProcessGroupContext& group) {
+          auto group_ptr = std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {});
+          const auto optimizer = [&](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
+            if (adam) {
+              return std::make_unique<FusedAdam>(net->parameters(), torch::optim::AdamOptions(0.01));
+            }
+            return std::make_unique<FusedSGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+          };
+          const auto written_optimizer = optimizer(written[rank]);
+          const auto autograd_optimizer = optimizer(autograd[rank]);
+          GradientReducer written_reducer(written[rank]->parameters(), group_ptr);
+          GradientReducer autograd_reducer(autograd[rank]->parameters(), group_ptr);
+          TrainStep written_step(written[rank], *written_optimizer, TrainStepOptions().reducer(&written_reducer));
+          TrainStep autograd_step(autograd[rank], *autograd_optimizer,
+                                  TrainStepOptions().reducer(&autograd_reducer).before_update([] {}));
+          direct[rank] = written_step.direct() && !autograd_step.direct();
+          for (const auto& split : rows) {
+            const int64_t begin = rank == 0 ? 0 : split[0];
+            const at::Tensor x = x_.narrow(0, begin, split[rank]);
+            const at::Tensor y = y_.narrow(0, begin, split[rank]);
+            written_step.run(x, y, split[0] + split[1]);
+            EXPECT_FALSE(written_step.ran_beside()) << "the updates need the summed gradients";
+            autograd_step.run(x, y, split[0] + split[1]);
+          }
+        },
+        ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+    EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+    EXPECT_EQ(direct, std::vector<bool>(2, true));
+    for (size_t r = 0; r < 2; ++r) {
+      const auto a = written[r]->parameters();
+      const auto b = autograd[r]->parameters();
+      const auto other = written[1 - r]->parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a[i], b[i])) << "rank " << r << ", parameter " << i;
+        EXPECT_TRUE(torch::equal(a[i], other[i])) << "rank " << r << ", parameter " << i;
+      }
+      EXPECT_FALSE(torch::equal(a[0], network()->parameters()[0])) << "the steps trained";
+    }
+  }
+}
+
+TEST_F(GradientReducerTest, ATrainStepRefusesAReducerOverOtherParameters) {
+  const int port = test::free_port();
+  const auto errors = test::run_ranks(
+      {test::loopback_launch(0, 1, port)},
+      [&](int64_t, ProcessGroupContext& group) {
+        Mlp net = network();
+        Mlp other = network();
+        torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+        GradientReducer reducer(other->parameters(), std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
+        EXPECT_EQ(test::error_message([&] { TrainStep step(net, optimizer, TrainStepOptions().reducer(&reducer)); }),
+                  "TrainStepOptions::reducer is over other parameters than the model's (it lacks the model's "
+                  "parameter 0)");
       },
       ProcessGroupOptions().timeout(10s).heartbeat(100ms));
   EXPECT_EQ(errors, std::vector<std::string>{""});

@@ -131,6 +131,8 @@ TEST_F(DistributedTrainTest, TwoRanksEndWithTheWeightsOfOneProcessWithTwiceTheBa
         },
         "multi-" + optimizer);
     EXPECT_FALSE(fs::exists(multi + "-rank1")) << "only rank 0 writes a run folder";
+    const std::string log = test::read_file(multi + "/train.log");
+    EXPECT_NE(log.find("each step: dkit's written-out backward pass"), std::string::npos) << log;
     const StateDict a = weights(single);
     const StateDict b = weights(multi);
     for (const auto& key : b.keys()) {
