@@ -3,13 +3,18 @@
 # (Gloo), at the same global batch, model and number of steps. The figure is samples/s from summary.json: samples
 # of the training steps over their wall time (no start-up, validation or checkpoint writing); in a two-process run,
 # rank 0's, which counts every rank's samples. Each configuration runs --repeat times; the median is reported, with
-# the machine's load average before each run (other work on a shared machine slows every figure).
+# the machine's load average before each run (other work on a shared machine slows every figure). Beside each dkit
+# run, in turns, PyTorch trains the same model, optimizer and shapes the same way (bench/python/ddp_train.py: one
+# process, or DistributedDataParallel over Gloo), timed over the same number of steps after 20 warm-up steps;
+# --python none leaves it out.
 #
-#   bench/scaling.sh [--dkit build/dkit] [--steps 60] [--repeat 3] [--batch 256] [--hidden 1024,1024] [--out DIR]
+#   bench/scaling.sh [--dkit build/dkit] [--python /usr/bin/python3] [--steps 60] [--repeat 3] [--batch 256]
+#                    [--hidden 1024,1024] [--out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dkit=build/dkit
+python=/usr/bin/python3
 steps=60
 repeat=3
 batch=256
@@ -18,6 +23,7 @@ out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dkit) dkit=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
@@ -27,6 +33,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$dkit" ] || { echo "scaling: no dkit at '$dkit': build first, or pass --dkit" >&2; exit 1; }
+if [ "$python" != none ] && ! "$python" -c 'import torch' 2>/dev/null; then
+  echo "scaling: '$python' cannot import torch: pass --python PATH, or --python none to leave PyTorch out" >&2
+  exit 1
+fi
 if [ $((batch % 2)) -ne 0 ]; then
   echo "scaling: --batch must be even (two processes take half each)" >&2
   exit 2
@@ -75,6 +85,23 @@ run() {
   rate "$dir/summary.json"
 }
 
+# run_pytorch PROCESSES THREADS_PER_PROCESS: prints the samples/s of one PyTorch run.
+run_pytorch() {
+  local processes=$1 threads=$2 dir="$work/pytorch-$RANDOM" port pids=() r
+  local args=(bench/python/ddp_train.py --samples 40000 --features 256 --classes 10 --hidden "$hidden"
+    --batch "$batch" --steps "$steps" --lr 0.01 --momentum 0.9 --threads "$threads")
+  port=$(free_port)
+  for ((r = 0; r < processes; ++r)); do
+    RANK=$r WORLD_SIZE=$processes MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$python" "${args[@]}" >"$dir.out$r" 2>"$dir.err$r" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || { echo "scaling: PyTorch rank failed:" >&2; cat "$dir".err* >&2; exit 1; }
+  done
+  sed -n 's/.*"samples_per_second": \([0-9.e+-]*\).*/\1/p' "$dir.out0"
+}
+
 median() {
   sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
@@ -82,22 +109,32 @@ median() {
 configs=("1 1" "1 2" "2 1")
 echo "dkit scaling on $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
 echo "model 256 -> [$hidden] -> 10, global batch $batch, $steps steps, SGD; median of $repeat runs"
-[ -n "$out" ] && echo "processes,threads_per_process,run,samples_per_second,load_before" >"$out/scaling.csv"
+[ -n "$out" ] && echo "processes,threads_per_process,run,samples_per_second,pytorch_samples_per_second,load_before" \
+  >"$out/scaling.csv"
 declare -A medians
 for config in "${configs[@]}"; do
   read -r processes threads <<<"$config"
   values=()
+  pytorch_values=()
   loads=()
   for ((i = 1; i <= repeat; ++i)); do
     load=$(cut -d' ' -f1 /proc/loadavg)
     value=$(run "p${processes}t${threads}" "$processes" "$threads")
+    pytorch_value=""
+    [ "$python" != none ] && pytorch_value=$(run_pytorch "$processes" "$threads")
     values+=("$value")
+    pytorch_values+=("$pytorch_value")
     loads+=("$load")
-    [ -n "$out" ] && echo "$processes,$threads,$i,$value,$load" >>"$out/scaling.csv"
+    [ -n "$out" ] && echo "$processes,$threads,$i,$value,$pytorch_value,$load" >>"$out/scaling.csv"
   done
   medians[$config]=$(printf '%s\n' "${values[@]}" | median)
   printf '%d process(es) x %d thread(s): %10.1f samples/s  (runs: %s; load averages before: %s)\n' \
     "$processes" "$threads" "${medians[$config]}" "${values[*]}" "${loads[*]}"
+  if [ "$python" != none ]; then
+    pytorch_median=$(printf '%s\n' "${pytorch_values[@]}" | median)
+    printf '  PyTorch, the same:      %10.1f samples/s  (runs: %s); dkit %.2fx PyTorch\n' "$pytorch_median" \
+      "${pytorch_values[*]}" "$(awk -v a="${medians[$config]}" -v b="$pytorch_median" 'BEGIN { print a / b }')"
+  fi
 done
 awk -v a="${medians[1 2]}" -v b="${medians[2 1]}" -v c="${medians[1 1]}" 'BEGIN {
   printf "2 processes x 1 thread vs 1 process x 2 threads: %.2fx; vs 1 process x 1 thread: %.2fx\n", b / a, b / c }'
