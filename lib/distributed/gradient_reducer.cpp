@@ -56,11 +56,8 @@ struct GradientReducer::Impl {
     }
   }
 
-  void on_gradient(int64_t index, const at::Tensor& grad, bool from_hook) {
+  void on_gradient(int64_t index, const at::Tensor& grad) {
     std::lock_guard<std::mutex> lock(mutex);
-    TORCH_CHECK(!from_hook || !parameters[index].grad().defined(), "GradientReducer: parameter ", index,
-                " still has a gradient from before this backward; set every .grad to an undefined tensor (not zero) "
-                "before backward, as zero_grad(set_to_none) does");
     Slot& slot = slots[index];
     if (slot.ready) {
       view(index).add_(grad);
@@ -112,8 +109,12 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters, std::shared
   s.reset();
   for (int64_t i = 0; i < static_cast<int64_t>(s.parameters.size()); ++i) {
     Impl* impl = impl_.get();
-    s.hooks.push_back(s.parameters[i].register_hook(
-        [impl, i](const at::Tensor& grad) { impl->on_gradient(i, grad, /*from_hook=*/true); }));
+    s.hooks.push_back(s.parameters[i].register_hook([impl, i](const at::Tensor& grad) {
+      TORCH_CHECK(!impl->parameters[i].grad().defined(), "GradientReducer: parameter ", i,
+                  " still has a gradient from before this backward; set every .grad to an undefined tensor (not zero) "
+                  "before backward, as zero_grad(set_to_none) does");
+      impl->on_gradient(i, grad);
+    }));
   }
 }
 
@@ -164,7 +165,7 @@ void GradientReducer::mark_ready(int64_t index, const at::Tensor& gradient) {
               "GradientReducer::mark_ready: no parameter ", index, " (there are ", s.parameters.size(), ")");
   TORCH_CHECK(gradient.sizes() == s.parameters[index].sizes(), "GradientReducer::mark_ready: parameter ", index,
               " has shape ", s.parameters[index].sizes(), ", its gradient ", gradient.sizes());
-  s.on_gradient(index, gradient, /*from_hook=*/false);
+  s.on_gradient(index, gradient);
 }
 
 std::vector<std::vector<int64_t>> GradientReducer::buckets() const {
