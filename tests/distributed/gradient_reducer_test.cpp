@@ -9,6 +9,7 @@
 #include "network.h"
 
 #include <array>
+#include <functional>
 #include <memory>
 
 namespace dkit {
@@ -49,6 +50,24 @@ class GradientReducerTest : public test::SeedingFixture {
     return grads;
   }
 
+  /// Runs `body` as each of `world_size` ranks over loopback (threads of this process), with a pointer to the rank's
+  /// group that does not own it, and expects every rank to end without an error.
+  static void on_ranks(int64_t world_size,
+                       const std::function<void(int64_t, const std::shared_ptr<ProcessGroupContext>&)>& body) {
+    const int port = test::free_port();
+    std::vector<LaunchEnvironment> launches;
+    for (int64_t rank = 0; rank < world_size; ++rank) {
+      launches.push_back(test::loopback_launch(rank, world_size, port));
+    }
+    const auto errors = test::run_ranks(
+        launches,
+        [&](int64_t rank, ProcessGroupContext& group) {
+          body(rank, std::shared_ptr<ProcessGroupContext>(&group, [](ProcessGroupContext*) {}));
+        },
+        ProcessGroupOptions().timeout(10s).heartbeat(100ms));
+    EXPECT_EQ(errors, std::vector<std::string>(static_cast<size_t>(world_size), ""));
+  }
+
   /// Two ranks, each with its own copy of the network and `rows[r]` of the batch (rank 0 first), the loss of each
   /// divided by the global sample count; returns each rank's gradients after GradientReducer::synchronize().
   std::vector<std::vector<at::Tensor>> reduced_gradients(const std::vector<int64_t>& rows,
@@ -57,34 +76,28 @@ class GradientReducerTest : public test::SeedingFixture {
                                                          std::vector<std::vector<int64_t>>* buckets = nullptr) {
     std::vector<Mlp> nets{network(), network()};
     std::vector<std::vector<at::Tensor>> grads(2);
-    const int port = test::free_port();
     const double global = static_cast<double>(rows[0] + rows[1]);
-    const auto errors = test::run_ranks(
-        {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
-        [&](int64_t rank, ProcessGroupContext& group) {
-          auto group_ptr = std::shared_ptr<ProcessGroupContext>(&group, [](ProcessGroupContext*) {});
-          GradientReducer reducer(nets[rank]->parameters(), group_ptr, options);
-          const int64_t begin = rank == 0 ? 0 : rows[0];
-          for (int step = 0; step < 2; ++step) {
-            for (auto& p : nets[rank]->parameters()) {
-              p.mutable_grad() = at::Tensor();
-            }
-            (loss_sum(nets[rank], x_.narrow(0, begin, rows[rank]), y_.narrow(0, begin, rows[rank])) / global)
-                .backward();
-            reducer.synchronize();
-          }
-          for (const auto& p : nets[rank]->parameters()) {
-            grads[rank].push_back(p.grad().clone());
-          }
-          if (started != nullptr) {
-            (*started)[rank] = reducer.buckets_started_in_backward();
-          }
-          if (buckets != nullptr && rank == 0) {
-            *buckets = reducer.buckets();
-          }
-        },
-        ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-    EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+    on_ranks(2, [&](int64_t rank, const std::shared_ptr<ProcessGroupContext>& group) {
+      GradientReducer reducer(nets[rank]->parameters(), group, options);
+      const int64_t begin = rank == 0 ? 0 : rows[0];
+      for (int step = 0; step < 2; ++step) {
+        for (auto& p : nets[rank]->parameters()) {
+          p.mutable_grad() = at::Tensor();
+        }
+        (loss_sum(nets[rank], x_.narrow(0, begin, rows[rank]), y_.narrow(0, begin, rows[rank])) / global)
+            .backward();
+        reducer.synchronize();
+      }
+      for (const auto& p : nets[rank]->parameters()) {
+        grads[rank].push_back(p.grad().clone());
+      }
+      if (started != nullptr) {
+        (*started)[rank] = reducer.buckets_started_in_backward();
+      }
+      if (buckets != nullptr && rank == 0) {
+        *buckets = reducer.buckets();
+      }
+    });
     return grads;
   }
 
@@ -131,24 +144,18 @@ TEST_F(GradientReducerTest, ARankWithoutSamplesStillTakesPart) {
 }
 
 TEST_F(GradientReducerTest, ParametersWithoutAGradientAreSummedAsZeros) {
-  const int port = test::free_port();
   std::vector<at::Tensor> unused_grads(2);
   std::vector<int64_t> started(2);
-  const auto errors = test::run_ranks(
-      {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
-      [&](int64_t rank, ProcessGroupContext& group) {
-        auto used = torch::ones({4}, torch::requires_grad());
-        auto unused = torch::ones({3}, torch::requires_grad());
-        GradientReducer reducer({used, unused}, std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}),
-                                GradientReducerOptions().first_bucket_cap_bytes(4));
-        (used * static_cast<double>(rank + 1)).sum().backward();
-        reducer.synchronize();
-        EXPECT_TRUE(torch::equal(used.grad(), torch::full({4}, 3.0f))) << used.grad();
-        unused_grads[rank] = unused.grad().clone();
-        started[rank] = reducer.buckets_started_in_backward();
-      },
-      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+  on_ranks(2, [&](int64_t rank, const std::shared_ptr<ProcessGroupContext>& group) {
+    auto used = torch::ones({4}, torch::requires_grad());
+    auto unused = torch::ones({3}, torch::requires_grad());
+    GradientReducer reducer({used, unused}, group, GradientReducerOptions().first_bucket_cap_bytes(4));
+    (used * static_cast<double>(rank + 1)).sum().backward();
+    reducer.synchronize();
+    EXPECT_TRUE(torch::equal(used.grad(), torch::full({4}, 3.0f))) << used.grad();
+    unused_grads[rank] = unused.grad().clone();
+    started[rank] = reducer.buckets_started_in_backward();
+  });
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(torch::equal(unused_grads[r], torch::zeros({3}))) << unused_grads[r];
     EXPECT_EQ(started[r], 0) << "the unused parameter's bucket comes first, so it and the next start afterwards";
@@ -156,23 +163,18 @@ TEST_F(GradientReducerTest, ParametersWithoutAGradientAreSummedAsZeros) {
 }
 
 TEST_F(GradientReducerTest, AGradientLeftFromBeforeIsRefused) {
-  const int port = test::free_port();
-  const auto errors = test::run_ranks(
-      {test::loopback_launch(0, 1, port)},
-      [&](int64_t, ProcessGroupContext& group) {
-        auto w = torch::ones({2}, torch::requires_grad());
-        GradientReducer reducer({w}, std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
-        (w * 2).sum().backward();
-        reducer.synchronize();
-        const std::string message = test::error_message([&] { (w * 2).sum().backward(); });
-        EXPECT_NE(message.find("GradientReducer: parameter 0 still has a gradient from before this backward; set every "
-                               ".grad to an undefined tensor (not zero) before backward, as zero_grad(set_to_none) "
-                               "does"),
-                  std::string::npos)
-            << message;
-      },
-      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-  EXPECT_EQ(errors, std::vector<std::string>{""});
+  on_ranks(1, [&](int64_t, const std::shared_ptr<ProcessGroupContext>& group) {
+    auto w = torch::ones({2}, torch::requires_grad());
+    GradientReducer reducer({w}, group);
+    (w * 2).sum().backward();
+    reducer.synchronize();
+    const std::string message = test::error_message([&] { (w * 2).sum().backward(); });
+    EXPECT_NE(message.find("GradientReducer: parameter 0 still has a gradient from before this backward; set every "
+                           ".grad to an undefined tensor (not zero) before backward, as zero_grad(set_to_none) "
+                           "does"),
+              std::string::npos)
+        << message;
+  });
 }
 
 TEST_F(GradientReducerTest, MarkedGradientsAreSummedAsTheHooksSumThem) {
@@ -180,33 +182,27 @@ TEST_F(GradientReducerTest, MarkedGradientsAreSummedAsTheHooksSumThem) {
   std::vector<Mlp> nets{network(), network()};
   std::vector<Mlp> twins{network(), network()};
   std::vector<std::vector<at::Tensor>> marked(2);
-  const int port = test::free_port();
-  const auto errors = test::run_ranks(
-      {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
-      [&](int64_t rank, ProcessGroupContext& group) {
-        GradientReducer reducer(nets[rank]->parameters(), std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
-        const auto params = nets[rank]->parameters();
-        const auto twin_params = twins[rank]->parameters();
-        const int64_t begin = rank == 0 ? 0 : 5;
-        for (int step = 0; step < 2; ++step) {
-          for (auto& p : twin_params) {
-            p.mutable_grad() = at::Tensor();
-          }
-          (loss_sum(twins[rank], x_.narrow(0, begin, rank == 0 ? 5 : 7), y_.narrow(0, begin, rank == 0 ? 5 : 7)) /
-           12.0)
-              .backward();
-          for (size_t i = params.size(); i-- > 0;) {
-            params[i].mutable_grad() = twin_params[i].grad().clone();
-            reducer.mark_ready(reducer.index_of(params[i]), twin_params[i].grad());
-          }
-          reducer.synchronize();
-        }
-        for (const auto& p : params) {
-          marked[rank].push_back(p.grad().clone());
-        }
-      },
-      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+  on_ranks(2, [&](int64_t rank, const std::shared_ptr<ProcessGroupContext>& group) {
+    GradientReducer reducer(nets[rank]->parameters(), group);
+    const auto params = nets[rank]->parameters();
+    const auto twin_params = twins[rank]->parameters();
+    const int64_t begin = rank == 0 ? 0 : 5;
+    const int64_t rows = rank == 0 ? 5 : 7;
+    for (int step = 0; step < 2; ++step) {
+      for (auto& p : twin_params) {
+        p.mutable_grad() = at::Tensor();
+      }
+      (loss_sum(twins[rank], x_.narrow(0, begin, rows), y_.narrow(0, begin, rows)) / 12.0).backward();
+      for (size_t i = params.size(); i-- > 0;) {
+        params[i].mutable_grad() = twin_params[i].grad().clone();
+        reducer.mark_ready(reducer.index_of(params[i]), twin_params[i].grad());
+      }
+      reducer.synchronize();
+    }
+    for (const auto& p : params) {
+      marked[rank].push_back(p.grad().clone());
+    }
+  });
   for (size_t r = 0; r < 2; ++r) {
     ASSERT_EQ(marked[r].size(), hooked[r].size());
     for (size_t i = 0; i < hooked[r].size(); ++i) {
@@ -216,24 +212,19 @@ TEST_F(GradientReducerTest, MarkedGradientsAreSummedAsTheHooksSumThem) {
 }
 
 TEST_F(GradientReducerTest, IndexOfAndMarkReadyNameWhatTheyRefuse) {
-  const int port = test::free_port();
-  const auto errors = test::run_ranks(
-      {test::loopback_launch(0, 1, port)},
-      [&](int64_t, ProcessGroupContext& group) {
-        Mlp net = network();
-        const auto params = net->parameters();
-        GradientReducer reducer(params, std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
-        for (size_t i = 0; i < params.size(); ++i) {
-          EXPECT_EQ(reducer.index_of(params[i]), static_cast<int64_t>(i));
-        }
-        EXPECT_EQ(reducer.index_of(params[0].detach().clone()), -1) << "an equal tensor is not the parameter";
-        EXPECT_EQ(test::error_message([&] { reducer.mark_ready(6, torch::zeros({3})); }),
-                  "GradientReducer::mark_ready: no parameter 6 (there are 6)");
-        EXPECT_EQ(test::error_message([&] { reducer.mark_ready(5, torch::zeros({4})); }),
-                  "GradientReducer::mark_ready: parameter 5 has shape [3], its gradient [4]");
-      },
-      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-  EXPECT_EQ(errors, std::vector<std::string>{""});
+  on_ranks(1, [&](int64_t, const std::shared_ptr<ProcessGroupContext>& group) {
+    Mlp net = network();
+    const auto params = net->parameters();
+    GradientReducer reducer(params, group);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(reducer.index_of(params[i]), static_cast<int64_t>(i));
+    }
+    EXPECT_EQ(reducer.index_of(params[0].detach().clone()), -1) << "an equal tensor is not the parameter";
+    EXPECT_EQ(test::error_message([&] { reducer.mark_ready(6, torch::zeros({3})); }),
+              "GradientReducer::mark_ready: no parameter 6 (there are 6)");
+    EXPECT_EQ(test::error_message([&] { reducer.mark_ready(5, torch::zeros({4})); }),
+              "GradientReducer::mark_ready: parameter 5 has shape [3], its gradient [4]");
+  });
 }
 
 // Per rank, the same network twice: one trained by a TrainStep that hands its written-out gradients to its reducer,
@@ -246,36 +237,30 @@ TEST_F(GradientReducerTest, TheWrittenOutStepSumsOverTheRanksWithAutogradsBits) 
     std::vector<Mlp> autograd{network(), network()};
     std::vector<bool> direct(2, false);
     const std::vector<std::array<int64_t, 2>> rows{{5, 7}, {7, 5}, {8, 0}};
-    const int port = test::free_port();
-    const auto errors = test::run_ranks(
-        {test::loopback_launch(0, 2, port), test::loopback_launch(1, 2, port)},
-        [&](int64_t rank, ProcessGroupContext& group) {
-          auto group_ptr = std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {});
-          const auto optimizer = [&](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
-            if (adam) {
-              return std::make_unique<FusedAdam>(net->parameters(), torch::optim::AdamOptions(0.01));
-            }
-            return std::make_unique<FusedSGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-          };
-          const auto written_optimizer = optimizer(written[rank]);
-          const auto autograd_optimizer = optimizer(autograd[rank]);
-          GradientReducer written_reducer(written[rank]->parameters(), group_ptr);
-          GradientReducer autograd_reducer(autograd[rank]->parameters(), group_ptr);
-          TrainStep written_step(written[rank], *written_optimizer, TrainStepOptions().reducer(&written_reducer));
-          TrainStep autograd_step(autograd[rank], *autograd_optimizer,
-                                  TrainStepOptions().reducer(&autograd_reducer).before_update([] {}));
-          direct[rank] = written_step.direct() && !autograd_step.direct();
-          for (const auto& split : rows) {
-            const int64_t begin = rank == 0 ? 0 : split[0];
-            const at::Tensor x = x_.narrow(0, begin, split[rank]);
-            const at::Tensor y = y_.narrow(0, begin, split[rank]);
-            written_step.run(x, y, split[0] + split[1]);
-            EXPECT_FALSE(written_step.ran_beside()) << "the updates need the summed gradients";
-            autograd_step.run(x, y, split[0] + split[1]);
-          }
-        },
-        ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-    EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+    on_ranks(2, [&](int64_t rank, const std::shared_ptr<ProcessGroupContext>& group) {
+      const auto optimizer = [&](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
+        if (adam) {
+          return std::make_unique<FusedAdam>(net->parameters(), torch::optim::AdamOptions(0.01));
+        }
+        return std::make_unique<FusedSGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      };
+      const auto written_optimizer = optimizer(written[rank]);
+      const auto autograd_optimizer = optimizer(autograd[rank]);
+      GradientReducer written_reducer(written[rank]->parameters(), group);
+      GradientReducer autograd_reducer(autograd[rank]->parameters(), group);
+      TrainStep written_step(written[rank], *written_optimizer, TrainStepOptions().reducer(&written_reducer));
+      TrainStep autograd_step(autograd[rank], *autograd_optimizer,
+                              TrainStepOptions().reducer(&autograd_reducer).before_update([] {}));
+      direct[rank] = written_step.direct() && !autograd_step.direct();
+      for (const auto& split : rows) {
+        const int64_t begin = rank == 0 ? 0 : split[0];
+        const at::Tensor x = x_.narrow(0, begin, split[rank]);
+        const at::Tensor y = y_.narrow(0, begin, split[rank]);
+        written_step.run(x, y, split[0] + split[1]);
+        EXPECT_FALSE(written_step.ran_beside()) << "the updates need the summed gradients";
+        autograd_step.run(x, y, split[0] + split[1]);
+      }
+    });
     EXPECT_EQ(direct, std::vector<bool>(2, true));
     for (size_t r = 0; r < 2; ++r) {
       const auto a = written[r]->parameters();
@@ -291,20 +276,15 @@ TEST_F(GradientReducerTest, TheWrittenOutStepSumsOverTheRanksWithAutogradsBits) 
 }
 
 TEST_F(GradientReducerTest, ATrainStepRefusesAReducerOverOtherParameters) {
-  const int port = test::free_port();
-  const auto errors = test::run_ranks(
-      {test::loopback_launch(0, 1, port)},
-      [&](int64_t, ProcessGroupContext& group) {
-        Mlp net = network();
-        Mlp other = network();
-        torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
-        GradientReducer reducer(other->parameters(), std::shared_ptr<ProcessGroupContext>(&group, [](auto*) {}));
-        EXPECT_EQ(test::error_message([&] { TrainStep step(net, optimizer, TrainStepOptions().reducer(&reducer)); }),
-                  "TrainStepOptions::reducer is over other parameters than the model's (it lacks the model's "
-                  "parameter 0)");
-      },
-      ProcessGroupOptions().timeout(10s).heartbeat(100ms));
-  EXPECT_EQ(errors, std::vector<std::string>{""});
+  on_ranks(1, [&](int64_t, const std::shared_ptr<ProcessGroupContext>& group) {
+    Mlp net = network();
+    Mlp other = network();
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+    GradientReducer reducer(other->parameters(), group);
+    EXPECT_EQ(test::error_message([&] { TrainStep step(net, optimizer, TrainStepOptions().reducer(&reducer)); }),
+              "TrainStepOptions::reducer is over other parameters than the model's (it lacks the model's "
+              "parameter 0)");
+  });
 }
 
 } // namespace
