@@ -34,6 +34,21 @@ struct Where {
   std::string base_dir;
 };
 
+// `text` with each control character written as `\xNN`, so that a message quoting user input stays one line.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string describe(const YAML::Node& node) {
   if (node.IsSequence()) {
     return "a list";
@@ -44,7 +59,7 @@ std::string describe(const YAML::Node& node) {
   if (node.IsNull()) {
     return "nothing";
   }
-  return "'" + node.Scalar() + "'";
+  return "'" + printable(node.Scalar()) + "'";
 }
 
 [[noreturn]] void type_error(const std::string& key, const Where& where, const char* expected,
@@ -102,6 +117,9 @@ bool read_bool(const std::string& key, const YAML::Node& node, const Where& wher
 std::string read_string(const std::string& key, const YAML::Node& node, const Where& where) {
   if (!node.IsScalar()) {
     type_error(key, where, "a string", node);
+  }
+  if (printable(node.Scalar()) != node.Scalar()) {
+    type_error(key, where, "a string without control characters", node);
   }
   return node.Scalar();
 }
@@ -548,7 +566,7 @@ struct Walker {
       const auto renamed = kRenamedKeys.find(name);
       const KeySpec* spec = find_key(renamed == kRenamedKeys.end() ? name : renamed->second);
       if (spec == nullptr) {
-        throw Error(detail::concat("unknown config key '", name, "' (", at.text, "); known keys",
+        throw Error(detail::concat("unknown config key '", printable(name), "' (", at.text, "); known keys",
                                    section.empty() ? "" : " in '" + section + "'", ": ", keys_in(section)));
       }
       config.values[spec->doc.name] = spec->read(entry.second, at);
@@ -559,24 +577,25 @@ struct Walker {
 
 void apply_override(YAML::Node& root, const std::string& assignment, std::map<std::string, std::string>& origins) {
   const auto eq = assignment.find('=');
-  DKIT_CHECK(eq != std::string::npos && eq > 0, "--set expects KEY=VALUE, got '", assignment, "'");
+  DKIT_CHECK(eq != std::string::npos && eq > 0, "--set expects KEY=VALUE, got '", printable(assignment), "'");
   const std::string name = assignment.substr(0, eq);
+  const std::string origin = "--set " + printable(assignment);
   YAML::Node value;
   try {
     value = YAML::Load(assignment.substr(eq + 1));
   } catch (const YAML::Exception& e) {
-    throw Error(detail::concat("--set ", assignment, ": the value is not valid YAML: ", e.msg));
+    throw Error(detail::concat(origin, ": the value is not valid YAML: ", e.msg));
   }
   std::vector<std::string> parts;
   std::stringstream stream(name);
   for (std::string part; std::getline(stream, part, '.');) {
-    DKIT_CHECK(!part.empty(), "--set ", assignment, ": empty part in key '", name, "'");
+    DKIT_CHECK(!part.empty(), origin, ": empty part in key '", printable(name), "'");
     parts.push_back(part);
   }
   if (parts.size() == 1) {
     root[parts[0]] = value;
   } else {
-    DKIT_CHECK(parts.size() == 2 && is_section(parts[0]), "unknown config key '", name, "' (--set ", assignment,
+    DKIT_CHECK(parts.size() == 2 && is_section(parts[0]), "unknown config key '", printable(name), "' (", origin,
                "); known keys: ", keys_in(""));
     YAML::Node section = root[parts[0]];
     if (!section.IsMap()) {
@@ -585,7 +604,7 @@ void apply_override(YAML::Node& root, const std::string& assignment, std::map<st
     }
     section[parts[1]] = value;
   }
-  origins[name] = "--set " + assignment;
+  origins[name] = origin;
 }
 
 } // namespace
