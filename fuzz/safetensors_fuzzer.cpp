@@ -42,10 +42,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     TORCH_INTERNAL_ASSERT(back.tensors.keys() == file.tensors.keys(), "names changed in a write and read");
     for (const auto& item : file.tensors) {
       const at::Tensor& again = back.tensors[item.key()];
-      const size_t bytes = item.value().nbytes();
+      const size_t nbytes = item.value().nbytes();
       TORCH_INTERNAL_ASSERT(again.scalar_type() == item.value().scalar_type() &&
                                 again.sizes() == item.value().sizes() &&
-                                (bytes == 0 || std::memcmp(again.data_ptr(), item.value().data_ptr(), bytes) == 0),
+                                (nbytes == 0 || std::memcmp(again.data_ptr(), item.value().data_ptr(), nbytes) == 0),
                             "tensor '", item.key(), "' changed in a write and read");
     }
   });
