@@ -108,13 +108,17 @@ void print_json(const nlohmann::ordered_json& json) {
             << "\n";
 }
 
-// `tensors: N`, then a table of name, shape, dtype and, `with_device`, the device each was saved on.
+// `tensors: N`, then a table of name, shape, dtype and, `with_device`, the device each was saved on; the names and
+// devices the file gave as printable() shows them.
 void print_table(const std::vector<TensorRow>& rows, bool with_device) {
   std::cout << "tensors: " << rows.size() << "\n";
+  std::vector<TensorRow> shown = rows;
   size_t name_width = 4;
   size_t shape_width = 5;
   size_t dtype_width = 5;
-  for (const auto& row : rows) {
+  for (auto& row : shown) {
+    row.name = printable(row.name);
+    row.device = printable(row.device);
     name_width = std::max(name_width, row.name.size());
     shape_width = std::max(shape_width, row.shape.size());
     dtype_width = std::max(dtype_width, row.dtype.size());
@@ -123,10 +127,10 @@ void print_table(const std::vector<TensorRow>& rows, bool with_device) {
   const auto last = [&](const std::string& dtype, const std::string& device) {
     return with_device ? pad(dtype, dtype_width) + device : dtype;
   };
-  if (!rows.empty()) {
+  if (!shown.empty()) {
     std::cout << pad("name", name_width) << pad("shape", shape_width) << last("dtype", "device") << "\n";
   }
-  for (const auto& row : rows) {
+  for (const auto& row : shown) {
     std::cout << pad(row.name, name_width) << pad(row.shape, shape_width) << last(row.dtype, row.device) << "\n";
   }
 }
@@ -223,9 +227,9 @@ int run_inspect(Args args) {
   }
   std::cout << "format: " << format;
   if (!state_dict_key.empty()) {
-    std::cout << " (state dict under '" << state_dict_key << "')";
+    std::cout << " (state dict under '" << printable(state_dict_key) << "')";
   }
-  std::cout << "; torch.save zip archive '" << file.archive << "', version " << file.version << "\n";
+  std::cout << "; torch.save zip archive '" << printable(file.archive) << "', version " << file.version << "\n";
   print_table(rows, /*with_device=*/true);
   return 0;
 }

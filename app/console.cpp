@@ -1,5 +1,7 @@
 #include "console.h"
 
+#include <dkit/core/format.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,9 +43,9 @@ TrainerOptions& TrainConsole::attach(TrainerOptions& options) {
 
 void TrainConsole::line(const LogLine& line) {
   if (!bar_) {
-    std::fprintf(stderr, "%s\n", line.text.c_str());
+    std::fprintf(stderr, "%s\n", printable(line.text).c_str());
   } else if (line.headline || line.level == LogLevel::kWarning) {
-    std::fprintf(stderr, "\r\033[K%s\n%s", line.text.c_str(), last_.c_str());
+    std::fprintf(stderr, "\r\033[K%s\n%s", printable(line.text).c_str(), last_.c_str());
   }
   std::fflush(stderr);
 }

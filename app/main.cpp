@@ -3,6 +3,7 @@
 
 #include <dkit/config.h>
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 
 #include <torch/version.h>
 
@@ -71,20 +72,21 @@ int dispatch(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
+  using dkit::printable;
   try {
     return dispatch(argc, argv);
   } catch (const cxxopts::exceptions::exception& e) {
-    std::cerr << "dkit: " << e.what() << " (see --help)\n";
+    std::cerr << "dkit: " << printable(e.what()) << " (see --help)\n";
     return 2;
   } catch (const dkit::app::UsageError& e) {
-    std::cerr << "dkit: " << e.what() << "\n";
+    std::cerr << "dkit: " << printable(e.what()) << "\n";
     return 2;
   } catch (const dkit::Error& e) {
-    std::cerr << "dkit: error: " << e.what() << "\n";
+    std::cerr << "dkit: error: " << printable(e.what()) << "\n";
   } catch (const c10::Error& e) {
-    std::cerr << "dkit: error: " << e.what_without_backtrace() << "\n";
+    std::cerr << "dkit: error: " << printable(e.what_without_backtrace()) << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "dkit: error: " << e.what() << "\n";
+    std::cerr << "dkit: error: " << printable(e.what()) << "\n";
   }
   return 1;
 }

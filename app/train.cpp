@@ -2,6 +2,7 @@
 #include "console.h"
 
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 #include <dkit/distributed/launch.h>
 #include <dkit/distributed/process_group.h>
 #include <dkit/train/config.h>
@@ -118,9 +119,9 @@ int run_train(Args args) {
   if (point) {
     if (main_rank) {
       for (const auto& reason : point->skipped) {
-        std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << reason << "\n";
+        std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << printable(reason) << "\n";
       }
-      std::cerr << "dkit: resuming from " << point->source << "\n";
+      std::cerr << "dkit: resuming from " << printable(point->source) << "\n";
     }
     config = point->config;
   } else {
@@ -153,7 +154,7 @@ int run_train(Args args) {
   std::cout << summary_to_json(summary);
   if (summary.stopped_by_signal != 0) {
     std::cerr << "dkit: stopped by signal " << summary.stopped_by_signal << " after step " << summary.steps
-              << "; continue with: dkit train --resume " << out_dir << "\n";
+              << "; continue with: dkit train --resume " << printable(out_dir) << "\n";
     return 128 + summary.stopped_by_signal;
   }
   return 0;

@@ -34,21 +34,6 @@ struct Where {
   std::string base_dir;
 };
 
-// `text` with each control character written as `\xNN`, so that a message quoting user input stays one line.
-std::string printable(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::string describe(const YAML::Node& node) {
   if (node.IsSequence()) {
     return "a list";

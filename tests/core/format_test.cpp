@@ -39,6 +39,13 @@ TEST(FormatTest, FormatsAFixedNumberOfDecimals) {
   EXPECT_EQ(format_fixed(-0.25, 0), "-0");
 }
 
+TEST(FormatTest, PrintableWritesControlCharactersAsHexEscapesAndKeepsEveryOtherByte) {
+  EXPECT_EQ(printable("runs/a\tb\x1b[2J\r\n\x7f"), "runs/a\\x09b\\x1b[2J\\x0d\\x0a\\x7f");
+  EXPECT_EQ(printable(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(printable("caf\xc3\xa9 \xff ~"), "caf\xc3\xa9 \xff ~");
+  EXPECT_EQ(printable(""), "");
+}
+
 TEST(FormatTest, RatesReadAsPeopleSayThem) {
   EXPECT_EQ(format_rate(812.54), "812.5");
   EXPECT_EQ(format_rate(310240.0), "310.2k");

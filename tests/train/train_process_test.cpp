@@ -1,3 +1,4 @@
+#include <dkit/checkpoint/safetensors.h>
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/device/device.h>
 
@@ -439,6 +440,30 @@ TEST_F(TrainProcessTest, AnUnwritableOutIsAnErrorBeforeTraining) {
     GTEST_SKIP() << "root, and cannot mount a read-only tmpfs here (" << read_only.error()
                  << "): no way to make a folder read-only";
   }
+}
+
+// Text dkit did not write itself reaches the terminal with its control characters as \xNN: a file name in the
+// error line, the run folder's name in the log lines, a tensor's key in `dkit inspect`'s table.
+TEST_F(TrainProcessTest, ControlCharactersFromFileNamesAndFilesAreShownEscaped) {
+  const std::string missing = tmp_.file("a\x1b[2Jb\r.yaml");
+  const auto refused = run({DKIT_APP_PATH, "train", "--config", missing, "--no-progress"}, "missing", 1);
+  EXPECT_EQ(refused->err(),
+            "dkit: error: cannot read config file '" + tmp_.file("a\\x1b[2Jb\\x0d.yaml") + "': no such file\n");
+
+  const std::string config = write_config(
+      "tiny.yaml", "data: {source: synthetic, samples: 100, features: 4, classes: 2}\nmodel: {hidden: [4]}\n");
+  const auto trained = run(train_with(config, tmp_.file("run\tone"), {"train.max_steps=1"}), "tab", 0);
+  EXPECT_NE(trained->err().find("run folder " + tmp_.file("run\\x09one")), std::string::npos) << trained->err();
+  EXPECT_EQ(trained->err().find('\t'), std::string::npos) << trained->err();
+
+  StateDict tensors;
+  tensors.insert("w\x1b]0;title\x07", torch::zeros({2, 3}));
+  const std::string file = tmp_.file("keys.safetensors");
+  write_safetensors(file, tensors);
+  const auto inspected = run({DKIT_APP_PATH, "inspect", file}, "inspect", 0);
+  EXPECT_EQ(inspected->out(), "format: safetensors\ntensors: 1\n"
+                              "name               shape   dtype\n"
+                              "w\\x1b]0;title\\x07  [2, 3]  float32\n");
 }
 
 // --resume when the newest checkpoint is corrupt (cut short, as a full disk or a bad copy leaves it): dkit says
