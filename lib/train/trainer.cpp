@@ -390,6 +390,7 @@ struct Trainer::Impl {
   }
 
   TrainSummary run_logged() {
+    device = group ? group->device() : parse_device(config.device);
     run.emplace(options.out_dir(), main(), options.on_log());
     try {
       return train();
@@ -408,7 +409,6 @@ struct Trainer::Impl {
     if (options.process_settings()) {
       apply_process_settings();
     }
-    device = group ? group->device() : parse_device(config.device);
     summary.device = device.str();
     if (options.check_syncs()) {
       DKIT_CHECK(DKIT_WITH_CUDA, "check_syncs (dkit train --check-syncs) needs a CUDA build; this one is CPU only");

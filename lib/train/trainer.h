@@ -161,7 +161,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   /// Runs the training to its end, or until a stop is requested. Errors in the configuration, the data, the
-  /// device or a non-finite loss are dkit::Error; the last good checkpoint stays in place.
+  /// device or a non-finite loss are dkit::Error; the last good checkpoint stays in place. A device that is not
+  /// there is refused before the run folder is created; later errors are also written to its `train.log`.
   TrainSummary run();
 
  private:

@@ -9,6 +9,7 @@
 #include <sys/inotify.h>
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -440,6 +441,19 @@ TEST_F(TrainProcessTest, AnUnwritableOutIsAnErrorBeforeTraining) {
     GTEST_SKIP() << "root, and cannot mount a read-only tmpfs here (" << read_only.error()
                  << "): no way to make a folder read-only";
   }
+}
+
+// A device that is not there is refused like a config error, before the run folder exists: a typo in --set device
+// leaves no folder behind.
+TEST_F(TrainProcessTest, AnUnavailableDeviceIsRefusedBeforeTheRunFolderIsCreated) {
+  const std::string config = write_config(
+      "tiny.yaml", "data: {source: synthetic, samples: 100, features: 4, classes: 2}\nmodel: {hidden: [4]}\n");
+  const std::string out = tmp_.file("run");
+  const auto refused = run(train_with(config, out, {"device=cuda:7"}), "device", 1);
+  const std::string err = refused->err();
+  EXPECT_EQ(err.rfind("dkit: error: device 'cuda:7' is not available: ", 0), 0u) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // Text dkit did not write itself reaches the terminal with its control characters as \xNN: a file name in the
