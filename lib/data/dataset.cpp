@@ -295,8 +295,12 @@ Dataset parse_csv(std::string_view text, const std::string& path, const CsvOptio
   int64_t first_line = 0;
   int64_t line_number = 0;
   int64_t largest_label = -1;
+  constexpr std::string_view kByteOrderMark = "\xef\xbb\xbf";
   const char* cursor = text.data();
   const char* const end = cursor + text.size();
+  if (text.substr(0, kByteOrderMark.size()) == kByteOrderMark) {
+    cursor += kByteOrderMark.size();
+  }
   while (cursor < end) {
     ++line_number;
     const auto* newline = static_cast<const char*>(std::memchr(cursor, '\n', static_cast<size_t>(end - cursor)));

@@ -40,7 +40,8 @@ struct CsvOptions {
 };
 
 /// Reads a CSV file of numbers: no header, one sample per line, cells separated by commas, spaces around a cell
-/// and Windows line endings allowed, empty lines skipped. Labels must be non-negative integers (`3` or `3.0`).
+/// and Windows line endings allowed, empty lines skipped, a UTF-8 byte order mark at the start (as spreadsheet
+/// programs write one) skipped. Labels must be non-negative integers (`3` or `3.0`).
 /// Every error names the file; a bad cell also names its line and column (both counted from 1) and quotes it:
 /// `digits.csv:12: column 3: 'abc' is not a number`.
 Dataset read_csv(const std::string& path, const CsvOptions& options = {});

@@ -83,6 +83,17 @@ TEST_F(CsvTest, ToleratesSpacesCrLfBlankLinesAndNoFinalNewline) {
   EXPECT_EQ(int64s(data.labels), (std::vector<int64_t>{3, 1}));
 }
 
+// A spreadsheet program's "CSV UTF-8" starts with a byte order mark, which is not part of the first cell; one
+// anywhere else is.
+TEST_F(CsvTest, SkipsAUtf8ByteOrderMarkAtTheStart) {
+  const std::string path = write_file(dir_, "excel.csv", "\xef\xbb\xbf" "1,2,0\r\n3,4,1\r\n");
+  const Dataset data = read_csv(path);
+  EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}})));
+  EXPECT_EQ(int64s(data.labels), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(error_message([] { parse_csv("1,2,0\n\xef\xbb\xbf" "3,4,1\n", "memory.csv"); }),
+            "memory.csv:2: column 1: '\xef\xbb\xbf" "3' is not a number");
+}
+
 TEST_F(CsvTest, ParsesTextInMemoryNamingItsSource) {
   const Dataset data = parse_csv("1,2,0\n3,4,1\n", "memory.csv");
   EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}})));
