@@ -3,6 +3,7 @@
 
 #include <dkit/bench/suites.h>
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 #include <dkit/device/device.h>
 
 #include <cxxopts.hpp>
@@ -122,7 +123,7 @@ int run_bench(Args args) {
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     bench::write_text_file(outputs[i].first, outputs[i].second);
-    std::cout << (i == 0 ? "\n" : "") << "wrote " << outputs[i].first << "\n";
+    std::cout << (i == 0 ? "\n" : "") << "wrote " << printable(outputs[i].first) << "\n";
   }
   return 0;
 }

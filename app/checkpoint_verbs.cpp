@@ -257,7 +257,7 @@ int run_export(Args args) {
   const LoadedMlp model =
       load_mlp(result["checkpoint"].as<std::string>(), LoadMlpOptions().limits(read_limits(result)));
   export_mlp(output, model);
-  std::cout << "wrote " << output << ": " << model.net->named_parameters().size() << " parameter tensors"
+  std::cout << "wrote " << printable(output) << ": " << model.net->named_parameters().size() << " parameter tensors"
             << (model.input_mean.defined() ? " and input_mean, input_std" : "") << "\n";
   return 0;
 }

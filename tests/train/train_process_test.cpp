@@ -469,6 +469,11 @@ TEST_F(TrainProcessTest, ControlCharactersFromFileNamesAndFilesAreShownEscaped) 
   const auto trained = run(train_with(config, tmp_.file("run\tone"), {"train.max_steps=1"}), "tab", 0);
   EXPECT_NE(trained->err().find("run folder " + tmp_.file("run\\x09one")), std::string::npos) << trained->err();
   EXPECT_EQ(trained->err().find('\t'), std::string::npos) << trained->err();
+  const auto exported = run({DKIT_APP_PATH, "export", "--checkpoint", tmp_.file("run\tone/checkpoints/last.pt"),
+                             "--output", tmp_.file("model\t.pt")},
+                            "export", 0);
+  EXPECT_EQ(exported->out(),
+            "wrote " + tmp_.file("model\\x09.pt") + ": 4 parameter tensors and input_mean, input_std\n");
 
   StateDict tensors;
   tensors.insert("w\x1b]0;title\x07", torch::zeros({2, 3}));
