@@ -1,6 +1,7 @@
 #include <dkit/checkpoint/detail/file_io.h>
 
 #include <dkit/core/error.h>
+#include <dkit/device/device.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -78,6 +79,11 @@ MemorySource::MemorySource(std::string_view data) : data_(data) {
 size_t MemorySource::read_at(uint64_t offset, void* out, size_t n) const noexcept {
   std::memcpy(out, data_.data() + offset, n);
   return n;
+}
+
+void check_map_location(const std::string& path, const c10::Device& device) {
+  DKIT_CHECK(is_available(device), path, ": cannot load to ", device, ": it is not available here (available: ",
+             available_devices(), ")");
 }
 
 FileKind sniff(const ByteSource& file) {

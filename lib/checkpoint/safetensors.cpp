@@ -2,7 +2,6 @@
 
 #include <dkit/checkpoint/detail/file_io.h>
 #include <dkit/core/error.h>
-#include <dkit/device/device.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -312,11 +311,6 @@ void check_not_other_format(const std::string& path, const detail::ByteSource& f
              "torch.save before PyTorch 1.6 wrote (dkit picks a file's format by its extension: name it .pt)");
 }
 
-void check_map_location(const std::string& path, const c10::Device& device) {
-  DKIT_CHECK(is_available(device), path, ": cannot load to ", device, ": it is not available here (available: ",
-             available_devices(), ")");
-}
-
 SafetensorsFile read_source(const detail::ByteSource& file, const std::string& path, const ReadOptions& options) {
   const ReadLimits& limits = options.limits();
   const c10::Device device = options.map_location();
@@ -389,12 +383,12 @@ std::string header_text(const std::string& what, const std::string& text, const 
 } // namespace
 
 SafetensorsFile read_safetensors(const std::string& path, const ReadOptions& options) {
-  check_map_location(path, options.map_location());
+  detail::check_map_location(path, options.map_location());
   return read_source(detail::FileSource(path), path, options);
 }
 
 SafetensorsFile read_safetensors_bytes(std::string_view data, const std::string& source, const ReadOptions& options) {
-  check_map_location(source, options.map_location());
+  detail::check_map_location(source, options.map_location());
   return read_source(detail::MemorySource(data), source, options);
 }
 

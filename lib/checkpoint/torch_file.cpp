@@ -2,7 +2,6 @@
 
 #include <dkit/checkpoint/detail/file_io.h>
 #include <dkit/core/error.h>
-#include <dkit/device/device.h>
 
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/versions.h>
@@ -317,20 +316,15 @@ TorchFile read_archive(const std::shared_ptr<ByteSource>& source, const std::str
   return result;
 }
 
-void check_map_location(const std::string& path, const c10::Device& device) {
-  DKIT_CHECK(is_available(device), path, ": cannot load to ", device, ": it is not available here (available: ",
-             available_devices(), ")");
-}
-
 } // namespace
 
 TorchFile read_torch_file(const std::string& path, const ReadOptions& options) {
-  check_map_location(path, options.map_location());
+  detail::check_map_location(path, options.map_location());
   return read_archive(std::make_shared<FileSource>(path), path, options);
 }
 
 TorchFile read_torch_bytes(std::string_view data, const std::string& source, const ReadOptions& options) {
-  check_map_location(source, options.map_location());
+  detail::check_map_location(source, options.map_location());
   return read_archive(std::make_shared<MemorySource>(data), source, options);
 }
 

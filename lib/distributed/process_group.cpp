@@ -179,32 +179,28 @@ bool PendingCollective::pending() const {
   return impl_ != nullptr && impl_->work;
 }
 
-namespace {
-
-/// What the heartbeat thread has seen, shared with the group under `mutex`.
-struct Watch {
-  std::mutex mutex;
-  std::condition_variable wake;
-  bool stopping = false;
-  bool ended = false;
-  /// Set by explain_failure(): the next round also reads the failures the other ranks published.
-  bool read_failures = false;
-  bool failures_read = false;
-  /// Completed rounds, and when the last one completed.
-  int64_t rounds = 0;
-  Clock::time_point last_answer;
-  /// The error of the store call that ended the thread, if one did.
-  std::string store_error;
-  /// Each rank's heartbeat count, and when it last changed.
-  std::vector<int64_t> counts;
-  std::vector<Clock::time_point> changed;
-  /// Each rank's published failure, or "".
-  std::vector<std::string> failures;
-};
-
-} // namespace
-
 struct ProcessGroupContext::Impl {
+  /// What the heartbeat thread has seen, shared with the group under `mutex`.
+  struct Watch {
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool stopping = false;
+    bool ended = false;
+    /// Set by explain_failure(): the next round also reads the failures the other ranks published.
+    bool read_failures = false;
+    bool failures_read = false;
+    /// Completed rounds, and when the last one completed.
+    int64_t rounds = 0;
+    Clock::time_point last_answer;
+    /// The error of the store call that ended the thread, if one did.
+    std::string store_error;
+    /// Each rank's heartbeat count, and when it last changed.
+    std::vector<int64_t> counts;
+    std::vector<Clock::time_point> changed;
+    /// Each rank's published failure, or "".
+    std::vector<std::string> failures;
+  };
+
   LaunchEnvironment launch;
   Device device;
   ProcessGroupOptions options;
@@ -622,7 +618,7 @@ void ProcessGroupContext::publish_failure(const std::string& message) noexcept {
 std::string ProcessGroupContext::explain_failure(const std::string& what, const std::string& error) {
   Impl& s = *impl_;
   s.failed = true;
-  Watch& watch = *s.watch;
+  Impl::Watch& watch = *s.watch;
   const int64_t me = s.launch.rank;
   const auto period = s.heartbeat() * 3;
   std::unique_lock<std::mutex> lock(watch.mutex);

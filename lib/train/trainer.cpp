@@ -48,28 +48,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const FullTrainConfig& c
   TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(c.optimizer));
 }
 
-class Stopwatch {
- public:
-  void start() {
-    running_ = true;
-    started_ = Clock::now();
-  }
-  void stop() {
-    if (running_) {
-      total_ += std::chrono::duration<double>(Clock::now() - started_).count();
-      running_ = false;
-    }
-  }
-  double seconds() const {
-    return total_ + (running_ ? std::chrono::duration<double>(Clock::now() - started_).count() : 0.0);
-  }
-
- private:
-  bool running_ = false;
-  Clock::time_point started_;
-  double total_ = 0;
-};
-
 std::string model_description(const Mlp& model) {
   std::ostringstream out;
   model->pretty_print(out);
@@ -99,6 +77,28 @@ class OptionalSyncCheck {
 TrainerOptions::TrainerOptions(std::string out_dir) : out_dir_(std::move(out_dir)) {}
 
 struct Trainer::Impl {
+  class Stopwatch {
+   public:
+    void start() {
+      running_ = true;
+      started_ = Clock::now();
+    }
+    void stop() {
+      if (running_) {
+        total_ += std::chrono::duration<double>(Clock::now() - started_).count();
+        running_ = false;
+      }
+    }
+    double seconds() const {
+      return total_ + (running_ ? std::chrono::duration<double>(Clock::now() - started_).count() : 0.0);
+    }
+
+   private:
+    bool running_ = false;
+    Clock::time_point started_;
+    double total_ = 0;
+  };
+
   FullTrainConfig config;
   TrainerOptions options;
   std::shared_ptr<ProcessGroupContext> group;

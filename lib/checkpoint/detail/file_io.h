@@ -3,6 +3,7 @@
 // Internal to the checkpoint module's file readers and writers (torch_file.cpp, safetensors.cpp); not one of the
 // installed headers.
 
+#include <c10/core/Device.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
 #include <cstddef>
@@ -76,6 +77,10 @@ enum class FileKind { kUnknown, kZip, kPickle, kSafetensors };
 /// What `file` looks like from its first bytes: a zip archive (`torch.save`), a pickle (`torch.save`'s legacy
 /// format or a plain pickle), a safetensors file (a header length that fits the file, then `{`), or unknown.
 FileKind sniff(const ByteSource& file);
+
+/// Refuses a map_location that is not available here, naming `path` (the file or buffer being read) and the devices
+/// that are.
+void check_map_location(const std::string& path, const c10::Device& device);
 
 /// A file written atomically: the bytes go to a temporary file in the same folder, and commit() syncs it, renames
 /// it over the path and syncs the folder. Destroyed without commit(), it removes the temporary file and leaves a
