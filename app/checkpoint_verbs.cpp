@@ -101,11 +101,15 @@ TensorRow tensor_row(const std::string& name, const at::Tensor& tensor, const st
   return {name, shape.str(), tensor.sizes().vec(), dtype_name(tensor.scalar_type()), device};
 }
 
-// `json` on one line, non-ASCII text as it is.
+// `json` on one line, non-ASCII text as it is; DEL, which JSON allows raw, as \u007f, as the other control
+// characters are.
 void print_json(const nlohmann::ordered_json& json) {
-  std::cout << json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
-                         nlohmann::ordered_json::error_handler_t::replace)
-            << "\n";
+  std::string text = json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
+                               nlohmann::ordered_json::error_handler_t::replace);
+  for (size_t at = text.find('\x7f'); at != std::string::npos; at = text.find('\x7f', at)) {
+    text.replace(at, 1, "\\u007f");
+  }
+  std::cout << text << "\n";
 }
 
 // `tensors: N`, then a table of name, shape, dtype and, `with_device`, the device each was saved on; the names and

@@ -150,7 +150,9 @@ struct Type;
 template <>
 struct Type<int64_t> {
   static constexpr const char* kName = "int";
-  static constexpr auto read = read_int;
+  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
+    return read_int(name, node, where);
+  }
   static void write(YAML::Emitter& out, int64_t value) {
     out << value;
   }
@@ -159,7 +161,9 @@ struct Type<int64_t> {
 template <>
 struct Type<double> {
   static constexpr const char* kName = "float";
-  static constexpr auto read = read_double;
+  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
+    return read_double(name, node, where);
+  }
   static void write(YAML::Emitter& out, double value) {
     out << format_number(value);
   }
@@ -168,7 +172,9 @@ struct Type<double> {
 template <>
 struct Type<bool> {
   static constexpr const char* kName = "bool";
-  static constexpr auto read = read_bool;
+  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
+    return read_bool(name, node, where);
+  }
   static void write(YAML::Emitter& out, bool value) {
     out << value;
   }
@@ -177,7 +183,9 @@ struct Type<bool> {
 template <>
 struct Type<std::string> {
   static constexpr const char* kName = "string";
-  static constexpr auto read = read_string;
+  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
+    return read_string(name, node, where);
+  }
   static void write(YAML::Emitter& out, const std::string& value) {
     out << value;
   }
@@ -186,7 +194,9 @@ struct Type<std::string> {
 template <>
 struct Type<std::vector<int64_t>> {
   static constexpr const char* kName = "list of int";
-  static constexpr auto read = read_int_list;
+  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
+    return read_int_list(name, node, where);
+  }
   static void write(YAML::Emitter& out, const std::vector<int64_t>& values) {
     out << YAML::Flow << values;
   }

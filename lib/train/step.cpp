@@ -498,9 +498,13 @@ struct TrainStep::Direct {
       out.loss_sum = loss_sum(labels);
       out.correct = correct_count(pre.back(), labels);
     };
-    std::vector<detail::SidePhase> phases(layers + 1);
-    phases[0].first = [&] { loss_gradient(half_rows[0], labels); };
-    phases[0].second = [&] { loss_gradient(half_rows[1], labels); };
+    std::vector<detail::SidePhase> phases;
+    phases.reserve(layers + 1);
+    detail::SidePhase loss_phase;
+    loss_phase.first = [&] { loss_gradient(half_rows[0], labels); };
+    loss_phase.second = [&] { loss_gradient(half_rows[1], labels); };
+    phases.push_back(std::move(loss_phase));
+    phases.resize(layers + 1);
     for (size_t i = layers; i-- > 1;) {
       detail::SidePhase& phase = phases[layers - i];
       phase.first = [this, i] {

@@ -168,7 +168,7 @@ void print(const std::vector<Case>& cases, const Case* baseline) {
     std::printf("  %-34s median %9.2f  best %9.2f", c.name.c_str(), median, sorted.front());
     auto in_next = c.next_micros;
     std::sort(in_next.begin(), in_next.end());
-    if (in_next.back() > 0) {
+    if (!in_next.empty() && in_next.back() > 0) {
       std::printf("  in next(): median %6.2f best %6.2f", in_next[in_next.size() / 2], in_next.front());
     }
     if (baseline != nullptr && &c != baseline) {

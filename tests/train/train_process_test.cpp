@@ -5,6 +5,7 @@
 #include "../process.h"
 #include "../support.h"
 
+#include <nlohmann/json.hpp>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/mount.h>
@@ -478,11 +479,13 @@ TEST_F(TrainProcessTest, ControlCharactersFromFileNamesAndFilesAreShownEscaped) 
   StateDict tensors;
   tensors.insert("w\x1b]0;title\x07", torch::zeros({2, 3}));
   const std::string file = tmp_.file("keys.safetensors");
-  write_safetensors(file, tensors);
+  write_safetensors(file, tensors, {{"note", "a\x1b[2J\x7f"}});
   const auto inspected = run({DKIT_APP_PATH, "inspect", file}, "inspect", 0);
-  EXPECT_EQ(inspected->out(), "format: safetensors\ntensors: 1\n"
+  EXPECT_EQ(inspected->out(), "format: safetensors\nmetadata: {\"note\":\"a\\u001b[2J\\u007f\"}\ntensors: 1\n"
                               "name               shape   dtype\n"
                               "w\\x1b]0;title\\x07  [2, 3]  float32\n");
+  const auto as_json = run({DKIT_APP_PATH, "inspect", "--json", file}, "inspect-json", 0);
+  EXPECT_EQ(nlohmann::json::parse(as_json->out())["metadata"]["note"], "a\x1b[2J\x7f");
 }
 
 // --resume when the newest checkpoint is corrupt (cut short, as a full disk or a bad copy leaves it): dkit says
