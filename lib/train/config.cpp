@@ -66,66 +66,105 @@ std::optional<int64_t> scalar_int(const YAML::Node& node) {
   return value;
 }
 
-int64_t read_int(const std::string& key, const YAML::Node& node, const Where& where) {
-  const auto value = scalar_int(node);
-  if (!value) {
-    type_error(key, where, "an integer", node);
-  }
-  return *value;
-}
+// How a key of type T is read and written back, and its type as the README shows it.
+template <typename T>
+struct Type;
 
-double read_double(const std::string& key, const YAML::Node& node, const Where& where) {
-  if (node.IsScalar() && !node.Scalar().empty()) {
-    const std::string& text = node.Scalar();
-    char* end = nullptr;
-    const double value = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() + text.size()) {
-      return value;
-    }
-  }
-  type_error(key, where, "a number", node);
-}
-
-bool read_bool(const std::string& key, const YAML::Node& node, const Where& where) {
-  if (node.IsScalar()) {
-    const std::string& text = node.Scalar();
-    if (text == "true" || text == "True" || text == "yes") {
-      return true;
-    }
-    if (text == "false" || text == "False" || text == "no") {
-      return false;
-    }
-  }
-  type_error(key, where, "true or false", node);
-}
-
-std::string read_string(const std::string& key, const YAML::Node& node, const Where& where) {
-  if (!node.IsScalar()) {
-    type_error(key, where, "a string", node);
-  }
-  if (printable(node.Scalar()) != node.Scalar()) {
-    type_error(key, where, "a string without control characters", node);
-  }
-  return node.Scalar();
-}
-
-std::vector<int64_t> read_int_list(const std::string& key, const YAML::Node& node, const Where& where) {
-  if (!node.IsSequence()) {
-    type_error(key, where, "a list of integers", node);
-  }
-  std::vector<int64_t> values;
-  for (const auto& item : node) {
-    const auto value = scalar_int(item);
+template <>
+struct Type<int64_t> {
+  static constexpr const char* kName = "int";
+  static int64_t read(const std::string& key, const YAML::Node& node, const Where& where) {
+    const auto value = scalar_int(node);
     if (!value) {
-      type_error(key, where, "a list of integers", item);
+      type_error(key, where, "an integer", node);
     }
-    values.push_back(*value);
+    return *value;
   }
-  return values;
-}
+  static void write(YAML::Emitter& out, int64_t value) {
+    out << value;
+  }
+};
+
+template <>
+struct Type<double> {
+  static constexpr const char* kName = "float";
+  static double read(const std::string& key, const YAML::Node& node, const Where& where) {
+    if (node.IsScalar() && !node.Scalar().empty()) {
+      const std::string& text = node.Scalar();
+      char* end = nullptr;
+      const double value = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() + text.size()) {
+        return value;
+      }
+    }
+    type_error(key, where, "a number", node);
+  }
+  static void write(YAML::Emitter& out, double value) {
+    out << format_number(value);
+  }
+};
+
+template <>
+struct Type<bool> {
+  static constexpr const char* kName = "bool";
+  static bool read(const std::string& key, const YAML::Node& node, const Where& where) {
+    if (node.IsScalar()) {
+      const std::string& text = node.Scalar();
+      if (text == "true" || text == "True" || text == "yes") {
+        return true;
+      }
+      if (text == "false" || text == "False" || text == "no") {
+        return false;
+      }
+    }
+    type_error(key, where, "true or false", node);
+  }
+  static void write(YAML::Emitter& out, bool value) {
+    out << value;
+  }
+};
+
+template <>
+struct Type<std::string> {
+  static constexpr const char* kName = "string";
+  static std::string read(const std::string& key, const YAML::Node& node, const Where& where) {
+    if (!node.IsScalar()) {
+      type_error(key, where, "a string", node);
+    }
+    if (printable(node.Scalar()) != node.Scalar()) {
+      type_error(key, where, "a string without control characters", node);
+    }
+    return node.Scalar();
+  }
+  static void write(YAML::Emitter& out, const std::string& value) {
+    out << value;
+  }
+};
+
+template <>
+struct Type<std::vector<int64_t>> {
+  static constexpr const char* kName = "list of int";
+  static std::vector<int64_t> read(const std::string& key, const YAML::Node& node, const Where& where) {
+    if (!node.IsSequence()) {
+      type_error(key, where, "a list of integers", node);
+    }
+    std::vector<int64_t> values;
+    for (const auto& item : node) {
+      const auto value = scalar_int(item);
+      if (!value) {
+        type_error(key, where, "a list of integers", item);
+      }
+      values.push_back(*value);
+    }
+    return values;
+  }
+  static void write(YAML::Emitter& out, const std::vector<int64_t>& values) {
+    out << YAML::Flow << values;
+  }
+};
 
 std::string read_path(const std::string& key, const YAML::Node& node, const Where& where) {
-  const fs::path path = read_string(key, node, where);
+  const fs::path path = Type<std::string>::read(key, node, where);
   if (path.is_absolute()) {
     return path.lexically_normal().string();
   }
@@ -142,65 +181,6 @@ const std::string& given(const TrainConfig& config, const std::string& name) {
 std::string leaf(const std::string& name) {
   return name.substr(name.rfind('.') + 1);
 }
-
-// How a key of type T is read and written back, and its type as the README shows it.
-template <typename T>
-struct Type;
-
-template <>
-struct Type<int64_t> {
-  static constexpr const char* kName = "int";
-  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
-    return read_int(name, node, where);
-  }
-  static void write(YAML::Emitter& out, int64_t value) {
-    out << value;
-  }
-};
-
-template <>
-struct Type<double> {
-  static constexpr const char* kName = "float";
-  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
-    return read_double(name, node, where);
-  }
-  static void write(YAML::Emitter& out, double value) {
-    out << format_number(value);
-  }
-};
-
-template <>
-struct Type<bool> {
-  static constexpr const char* kName = "bool";
-  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
-    return read_bool(name, node, where);
-  }
-  static void write(YAML::Emitter& out, bool value) {
-    out << value;
-  }
-};
-
-template <>
-struct Type<std::string> {
-  static constexpr const char* kName = "string";
-  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
-    return read_string(name, node, where);
-  }
-  static void write(YAML::Emitter& out, const std::string& value) {
-    out << value;
-  }
-};
-
-template <>
-struct Type<std::vector<int64_t>> {
-  static constexpr const char* kName = "list of int";
-  static auto read(const std::string& name, const YAML::Node& node, const Where& where) {
-    return read_int_list(name, node, where);
-  }
-  static void write(YAML::Emitter& out, const std::vector<int64_t>& values) {
-    out << YAML::Flow << values;
-  }
-};
 
 // A default as the README shows it: what to_yaml() writes, a whole float without its `.0` (`0`, `0.001`).
 template <typename T>
@@ -308,7 +288,7 @@ KeySpec enum_key(const char* name, Enum FullTrainConfig::*member, const EnumName
   for (const auto& entry : names) {
     spec.doc.choices.emplace_back(entry.name);
   }
-  spec.read = [name](const YAML::Node& node, const Where& where) { return ConfigValue(read_string(name, node, where)); };
+  spec.read = [name](const YAML::Node& node, const Where& where) { return ConfigValue(Type<std::string>::read(name, node, where)); };
   spec.resolve = [name, member, &names, fallback](const TrainConfig& config, FullTrainConfig& full) {
     const std::string* text = written<std::string>(config, name, "string");
     if (text == nullptr) {
@@ -391,11 +371,13 @@ const std::vector<KeySpec>& key_specs() {
       value_key<int64_t>("threads", &C::threads, 0, "LibTorch's CPU threads; 0 uses every CPU this process may run on",
                          at_least<int64_t>(0, "at least 0")),
       enum_key("data.source", &C::data_source, kDataSourceNames, DataSource::kCsv,
-               "`csv` (numbers, no header), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST) or `synthetic` "
-               "(seeded Gaussian blobs)"),
+               "`csv` (numbers, one sample per line), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST) or "
+               "`synthetic` (seeded Gaussian blobs)"),
       data_path_key(),
       value_key<int64_t>("data.label_column", &C::label_column, -1,
                          "CSV column holding the integer class label; negative counts from the end"),
+      value_key<bool>("data.header", &C::csv_header, false,
+                      "whether the CSV file's first line names the columns (it is skipped)"),
       enum_key("data.scaling", &C::scaling, kScalingNames, Scaling::kStandardize,
                "feature scaling fitted on the training part and stored in checkpoints: `none`, `standardize` (zero "
                "mean, unit variance) or `minmax` (to [0, 1])"),
