@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "console.h"
 
 #include <dkit/checkpoint/safetensors.h>
 #include <dkit/checkpoint/state_dict.h>
@@ -17,9 +18,11 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 namespace dkit::app {
@@ -42,6 +45,25 @@ std::string format_of(const PickleValue& root, std::string& state_dict_key) {
     return state_dict_key.empty() ? "state_dict" : "general_checkpoint";
   }
   return "pickle";
+}
+
+constexpr const char* kCheckpointHelp =
+    "the dkit checkpoint or PyTorch state dict to read, or a run folder: its newest readable checkpoint";
+
+// The file a verb reads: `given` itself, or for a run folder its newest readable checkpoint, found as `dkit train
+// --resume` finds it and named on standard error.
+std::string checkpoint_file(const std::string& given) {
+  std::error_code ignored;
+  if (!std::filesystem::is_directory(given, ignored)) {
+    return given;
+  }
+  const CheckpointFolder folder(given);
+  std::optional<FoundCheckpoint> found = folder.load_newest();
+  DKIT_CHECK(found.has_value(), given, ": is a directory with no readable checkpoint in '", folder.path(),
+             "'; give a checkpoint file or a run folder");
+  warn_skipped_checkpoints(found->skipped);
+  std::cerr << "dkit: reading " << printable(found->path) << "\n";
+  return found->path;
 }
 
 // The limits of ReadLimits, by the names `--limit` takes.
@@ -188,9 +210,11 @@ int run_inspect(Args args) {
                                          "format, then each tensor's name, shape, dtype and the device it was saved "
                                          "on (a safetensors file records no device; its metadata is listed "
                                          "instead). Reads torch.save files safely: nothing in them is executed. A "
-                                         "FILE ending in .safetensors is read as one, any other as torch.save's.");
+                                         "FILE ending in .safetensors is read as one, any other as torch.save's; a "
+                                         "run folder stands for its newest readable checkpoint.");
   options.positional_help("FILE");
-  options.add_options()("file", "the file to inspect", cxxopts::value<std::string>())(
+  options.add_options()("file", "the file to inspect, or a run folder: its newest readable checkpoint",
+                        cxxopts::value<std::string>())(
       "json", "print JSON: {\"format\": ..., \"tensors\": [{\"name\", \"shape\", \"dtype\", \"device\"}, ...]}; for "
               "safetensors {\"format\": \"safetensors\", \"metadata\": {...}, \"tensors\": [{\"name\", \"shape\", "
               "\"dtype\"}, ...]}")(
@@ -202,7 +226,7 @@ int run_inspect(Args args) {
     return 0;
   }
   DKIT_CHECK(result.count("file") != 0, "inspect needs a FILE (see --help)");
-  const std::string path = result["file"].as<std::string>();
+  const std::string path = checkpoint_file(result["file"].as<std::string>());
   const ReadOptions read_options = ReadOptions().limits(read_limits(result));
   const bool json = result["json"].as<bool>();
   if (is_safetensors_path(path)) {
@@ -245,8 +269,7 @@ int run_export(Args args) {
                            "input_std when training normalised its inputs; a safetensors file of the same tensors "
                            "when --output ends in .safetensors. Reads a dkit checkpoint or a PyTorch MLP state dict "
                            "(torch.save or safetensors).");
-  options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
-                        cxxopts::value<std::string>())(
+  options.add_options()("checkpoint", kCheckpointHelp, cxxopts::value<std::string>())(
       "output", "the file to write: FILE.safetensors for safetensors, any other name for torch.save's format",
       cxxopts::value<std::string>())(
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
@@ -259,7 +282,7 @@ int run_export(Args args) {
   DKIT_CHECK(result.count("output") != 0, "export needs --output FILE (see --help)");
   const std::string output = result["output"].as<std::string>();
   const LoadedMlp model =
-      load_mlp(result["checkpoint"].as<std::string>(), LoadMlpOptions().limits(read_limits(result)));
+      load_mlp(checkpoint_file(result["checkpoint"].as<std::string>()), LoadMlpOptions().limits(read_limits(result)));
   export_mlp(output, model);
   std::cout << "wrote " << printable(output) << ": " << model.net->named_parameters().size() << " parameter tensors"
             << (model.input_mean.defined() ? " and input_mean, input_std" : "") << "\n";
@@ -268,13 +291,14 @@ int run_export(Args args) {
 
 int run_predict(Args args) {
   cxxopts::Options options(args.program,
-                           "Print the logits of a model for each row of a CSV file (numbers only, no header, one "
-                           "sample per row), one row of logits per input row, in full float precision. Reads a dkit "
-                           "checkpoint, applying the input normalisation it stored, or a PyTorch MLP state dict, "
-                           "in a torch.save file or a safetensors file (a name ending in .safetensors), applying "
-                           "input_mean and input_std when it has them.");
-  options.add_options()("checkpoint", "the dkit checkpoint or PyTorch state dict to read",
-                        cxxopts::value<std::string>())("input", "the CSV file of samples", cxxopts::value<std::string>())(
+                           "Print the logits of a model for each row of a CSV file (numbers only, one sample per "
+                           "row, after a header row with --header), one row of logits per input row, in full float "
+                           "precision. Reads a dkit checkpoint, applying the input normalisation it stored, or a "
+                           "PyTorch MLP state dict, in a torch.save file or a safetensors file (a name ending in "
+                           ".safetensors), applying input_mean and input_std when it has them.");
+  options.add_options()("checkpoint", kCheckpointHelp, cxxopts::value<std::string>())(
+      "input", "the CSV file of samples", cxxopts::value<std::string>())(
+      "header", "the CSV file's first line names the columns (it is skipped)")(
       "output", "write the logits to this CSV file instead of stdout", cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N", cxxopts::value<std::string>()->default_value("auto"))(
       "activation", list_names(kActivationNames) + ", for state dicts, which do not record it (a dkit checkpoint does)",
@@ -289,13 +313,14 @@ int run_predict(Args args) {
   DKIT_CHECK(result.count("input") != 0, "predict needs --input ROWS.csv (see --help)");
   const Device device = parse_device(result["device"].as<std::string>());
   const LoadedMlp model =
-      load_mlp(result["checkpoint"].as<std::string>(),
+      load_mlp(checkpoint_file(result["checkpoint"].as<std::string>()),
                LoadMlpOptions()
                    .device(device)
                    .activation(parse_activation(result["activation"].as<std::string>()))
                    .limits(read_limits(result)));
   const std::string input = result["input"].as<std::string>();
-  const at::Tensor inputs = read_csv(input, CsvOptions().has_labels(false)).features;
+  const at::Tensor inputs =
+      read_csv(input, CsvOptions().has_labels(false).header(result.count("header") != 0)).features;
   DKIT_CHECK(inputs.size(1) == model.net->options.in_features(), input, ": ", inputs.size(1),
              " values per row, but the model takes ", model.net->options.in_features(), " inputs");
   const at::Tensor logits = model.predict(inputs);

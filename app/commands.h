@@ -25,7 +25,7 @@ int run_inspect(Args args);
 /// `dkit export --checkpoint FILE --output FILE.pt`.
 int run_export(Args args);
 
-/// `dkit predict --checkpoint FILE --input ROWS.csv [--output OUT.csv] [--device D]`.
+/// `dkit predict --checkpoint FILE --input ROWS.csv [--header] [--output OUT.csv] [--device D]`.
 int run_predict(Args args);
 
 /// `dkit bench SUITE [--device D] [--json FILE] [--csv FILE] [--repeat N] [--sizes N,...] [--quick]`.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <iostream>
 
 namespace dkit::app {
 namespace {
@@ -61,6 +62,12 @@ void TrainConsole::progress(const ProgressUpdate& update) {
           "/" + std::to_string(total) + " " + update.text;
   std::fprintf(stderr, "\r\033[K%s", last_.c_str());
   std::fflush(stderr);
+}
+
+void warn_skipped_checkpoints(const std::vector<std::string>& reasons) {
+  for (const auto& reason : reasons) {
+    std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << printable(reason) << "\n";
+  }
 }
 
 std::shared_ptr<StopRequest> stop_on_signals() {

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dkit::app {
 
@@ -30,6 +31,9 @@ class TrainConsole {
   bool bar_;
   std::string last_;
 };
+
+/// Warns on standard error of each checkpoint a search of a run folder skipped: one line per `PATH: reason`.
+void warn_skipped_checkpoints(const std::vector<std::string>& reasons);
 
 /// The StopRequest that SIGINT and SIGTERM make from now on. A second signal of the same kind ends the process at
 /// once with the conventional status (128 + signal).

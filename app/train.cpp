@@ -118,9 +118,7 @@ int run_train(Args args) {
   }
   if (point) {
     if (main_rank) {
-      for (const auto& reason : point->skipped) {
-        std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << printable(reason) << "\n";
-      }
+      warn_skipped_checkpoints(point->skipped);
       std::cerr << "dkit: resuming from " << printable(point->source) << "\n";
     }
     config = point->config;

@@ -325,6 +325,9 @@ Dataset parse_csv(std::string_view text, const std::string& path, const CsvOptio
       const auto expected_rows = text.size() / (line.size() + 1) + 1;
       values.reserve(expected_rows * static_cast<size_t>(columns));
       labels.reserve(options.has_labels() ? expected_rows : 0);
+      if (options.header()) {
+        continue;
+      }
     }
     int64_t column = 0;
     size_t start = 0;
@@ -349,7 +352,7 @@ Dataset parse_csv(std::string_view text, const std::string& path, const CsvOptio
     DKIT_CHECK(column == columns, path, ":", line_number, ": ", column, column == 1 ? " cell" : " cells",
                ", expected ", columns, " as on line ", first_line);
   }
-  DKIT_CHECK(columns > 0, path, ": no data rows");
+  DKIT_CHECK(!values.empty(), path, ": no data rows");
   const int64_t features = options.has_labels() ? columns - 1 : columns;
   const auto rows = static_cast<int64_t>(values.size()) / features;
   Dataset data;

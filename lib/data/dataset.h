@@ -37,11 +37,14 @@ struct CsvOptions {
   TORCH_ARG(int64_t, label_column) = -1;
   /// Whether one column holds labels. False for inputs to predict: every column is then a feature.
   TORCH_ARG(bool, has_labels) = true;
+  /// Whether the first line that is not empty names the columns, as pandas' `to_csv` and spreadsheets write one:
+  /// it is skipped, and must have as many cells as the rows below it.
+  TORCH_ARG(bool, header) = false;
 };
 
-/// Reads a CSV file of numbers: no header, one sample per line, cells separated by commas, spaces around a cell
-/// and Windows line endings allowed, empty lines skipped, a UTF-8 byte order mark at the start (as spreadsheet
-/// programs write one) skipped. Labels must be non-negative integers (`3` or `3.0`).
+/// Reads a CSV file of numbers: one sample per line (after a header row when `options.header()`), cells separated
+/// by commas, spaces around a cell and Windows line endings allowed, empty lines skipped, a UTF-8 byte order mark at
+/// the start (as spreadsheet programs write one) skipped. Labels must be non-negative integers (`3` or `3.0`).
 /// Every error names the file; a bad cell also names its line and column (both counted from 1) and quotes it:
 /// `digits.csv:12: column 3: 'abc' is not a number`.
 Dataset read_csv(const std::string& path, const CsvOptions& options = {});

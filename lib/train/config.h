@@ -74,6 +74,8 @@ struct FullTrainConfig {
   std::string data_path;
   /// `data.label_column` (negative counts from the end).
   int64_t label_column;
+  /// `data.header`.
+  bool csv_header;
   /// `data.scaling`.
   Scaling scaling;
   /// `data.val_fraction`, in [0, 1).

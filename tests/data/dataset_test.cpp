@@ -94,6 +94,23 @@ TEST_F(CsvTest, SkipsAUtf8ByteOrderMarkAtTheStart) {
             "memory.csv:2: column 1: '\xef\xbb\xbf" "3' is not a number");
 }
 
+// A header row, as pandas' to_csv and spreadsheet programs write one, is skipped when asked for: the first line that
+// is not empty, after a byte order mark. It sets the number of columns the rows must have.
+TEST_F(CsvTest, SkipsAHeaderRowWhenAskedFor) {
+  const std::string path = write_file(dir_, "named.csv", "\xef\xbb\xbf\n x , y , label\r\n1,2,0\r\n3,4,1\r\n");
+  const Dataset data = read_csv(path, CsvOptions().header(true));
+  EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}})));
+  EXPECT_EQ(int64s(data.labels), (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(torch::equal(read_csv(path, CsvOptions().header(true).has_labels(false)).features,
+                           torch::tensor({{1.0f, 2.0f, 0.0f}, {3.0f, 4.0f, 1.0f}})));
+  EXPECT_EQ(error_message([&] { read_csv(path); }), path + ":2: column 1: 'x' is not a number");
+  const std::string narrow = write_file(dir_, "narrow.csv", "x,label\n1,2,0\n");
+  EXPECT_EQ(error_message([&] { read_csv(narrow, CsvOptions().header(true)); }),
+            narrow + ":2: 3 cells, expected 2 as on line 1");
+  const std::string only = write_file(dir_, "only.csv", "x,y,label\n\n");
+  EXPECT_EQ(error_message([&] { read_csv(only, CsvOptions().header(true)); }), only + ": no data rows");
+}
+
 TEST_F(CsvTest, ParsesTextInMemoryNamingItsSource) {
   const Dataset data = parse_csv("1,2,0\n3,4,1\n", "memory.csv");
   EXPECT_TRUE(torch::equal(data.features, torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}})));

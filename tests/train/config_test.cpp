@@ -201,7 +201,7 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
   // A value other than the default for every key: what to_yaml() writes, parse_config() must read back.
   const std::vector<std::string> every_key = {
       "device=cpu", "seed=5", "threads=1", "data.source=mnist", "data.path=/data/mnist", "data.label_column=2",
-      "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
+      "data.header=true", "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
       "model.hidden=[7, 5]", "model.activation=tanh", "model.dropout=0.5", "train.epochs=2", "train.max_steps=9",
       "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.precision=bf16", "train.momentum=0.5",
       "train.nesterov=true", "train.weight_decay=0.01", "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
@@ -304,7 +304,7 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
     EXPECT_FALSE(key.meaning.empty()) << key.name;
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
   }
-  EXPECT_EQ(names.size(), 34u);
+  EXPECT_EQ(names.size(), 35u);
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {

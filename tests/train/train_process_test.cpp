@@ -488,6 +488,61 @@ TEST_F(TrainProcessTest, ControlCharactersFromFileNamesAndFilesAreShownEscaped) 
   EXPECT_EQ(nlohmann::json::parse(as_json->out())["metadata"]["note"], "a\x1b[2J\x7f");
 }
 
+// A CSV file with a header row trains with data.header, and predict (with --header), export and inspect take the run
+// folder for its newest readable checkpoint, naming the file they read and the newer ones they skipped.
+TEST_F(TrainProcessTest, AHeaderRowTrainsAndARunFolderStandsForItsNewestCheckpoint) {
+  std::string rows = "width,height,label\n";
+  for (int i = 0; i < 40; ++i) {
+    rows += std::to_string(i % 7) + "," + std::to_string(i % 5) + "," + std::to_string(i % 2) + "\n";
+  }
+  test::write_bytes(tmp_.file("named.csv"), rows);
+  const std::string config = write_config(
+      "named.yaml", "data: {path: named.csv, header: true}\nmodel: {hidden: [4]}\n"
+                    "train: {batch_size: 8, checkpoint_every: 1, max_steps: 2}\n");
+  const std::string run_dir = tmp_.file("run");
+  run(train_with(config, run_dir), "train", 0);
+  const auto refused = run(train_with(config, tmp_.file("plain"), {"data.header=false"}), "no-header", 1);
+  EXPECT_EQ(refused->err(), "dkit: error: " + tmp_.file("named.csv") + ":1: column 1: 'width' is not a number\n");
+
+  const std::string folder = run_dir + "/checkpoints";
+  test::write_bytes(tmp_.file("input.csv"), "width,height\n3,4\n");
+  const auto predict = [&](const std::string& checkpoint) {
+    return std::vector<std::string>{DKIT_APP_PATH, "predict", "--input", tmp_.file("input.csv"), "--header",
+                                    "--device", "cpu", "--checkpoint", checkpoint};
+  };
+  const auto by_file = run(predict(folder + "/last.pt"), "predict-file", 0);
+  EXPECT_EQ(by_file->err(), "");
+  const auto by_folder = run(predict(run_dir), "predict-folder", 0);
+  const std::string logits = by_folder->out();
+  EXPECT_EQ(logits, by_file->out());
+  EXPECT_EQ(std::count(logits.begin(), logits.end(), ','), 1) << logits;
+  EXPECT_EQ(std::count(logits.begin(), logits.end(), '\n'), 1) << logits;
+  EXPECT_EQ(by_folder->err(), "dkit: reading " + folder + "/last.pt\n");
+  const auto exported =
+      run({DKIT_APP_PATH, "export", "--checkpoint", run_dir, "--output", tmp_.file("model.pt")}, "export", 0);
+  EXPECT_EQ(exported->err(), "dkit: reading " + folder + "/last.pt\n");
+  const auto inspected = run({DKIT_APP_PATH, "inspect", run_dir}, "inspect", 0);
+  EXPECT_EQ(inspected->out().rfind("format: dkit_checkpoint (state dict under 'model_state_dict')", 0), 0u)
+      << inspected->out();
+
+  // last.pt and step-000002.pt are one file (a hard link) where the file system allows; cut both short.
+  for (const std::string name : {"last.pt", "step-000002.pt"}) {
+    fs::resize_file(folder + "/" + name, fs::file_size(folder + "/" + name) / 2);
+  }
+  const auto fell_back = run(predict(run_dir), "predict-fallback", 0);
+  const std::string cut = ": truncated or corrupt zip archive: no end of central directory record (the file may "
+                          "have been cut short)\n";
+  EXPECT_EQ(fell_back->err(), "dkit: warning: skipped an unreadable checkpoint: " + folder + "/last.pt" + cut +
+                                  "dkit: warning: skipped an unreadable checkpoint: " + folder + "/step-000002.pt" +
+                                  cut + "dkit: reading " + folder + "/step-000001.pt\n");
+
+  const std::string other = tmp_.file("other");
+  fs::create_directories(other);
+  const auto empty = run({DKIT_APP_PATH, "inspect", other}, "empty", 1);
+  EXPECT_EQ(empty->err(), "dkit: error: " + other + ": is a directory with no readable checkpoint in '" + other +
+                              "/checkpoints'; give a checkpoint file or a run folder\n");
+}
+
 // --resume when the newest checkpoint is corrupt (cut short, as a full disk or a bad copy leaves it): dkit says
 // which files it skipped and why, resumes from the newest good one, and finishes the run.
 TEST_F(TrainProcessTest, ResumeSkipsCorruptNewestCheckpointsAndSaysSo) {

@@ -10,7 +10,7 @@ namespace {
 
 Dataset load_data(const FullTrainConfig& c) {
   switch (c.data_source) {
-    case DataSource::kCsv: return read_csv(c.data_path, CsvOptions().label_column(c.label_column));
+    case DataSource::kCsv: return read_csv(c.data_path, CsvOptions().label_column(c.label_column).header(c.csv_header));
     case DataSource::kMnist: return read_mnist(c.data_path, /*train=*/true);
     case DataSource::kSynthetic:
       return make_synthetic(SyntheticOptions(c.synthetic_samples, c.synthetic_features, c.synthetic_classes)
