@@ -235,7 +235,8 @@ TEST_F(GradientReducerTest, TheWrittenOutStepSumsOverTheRanksWithAutogradsBits) 
     SCOPED_TRACE(adam ? "FusedAdam" : "FusedSGD");
     std::vector<Mlp> written{network(), network()};
     std::vector<Mlp> autograd{network(), network()};
-    std::vector<bool> direct(2, false);
+    // One bool a rank: the ranks run on threads, and std::vector<bool> packs both into one word.
+    std::array<bool, 2> direct{};
     const std::vector<std::array<int64_t, 2>> rows{{5, 7}, {7, 5}, {8, 0}};
     on_ranks(2, [&](int64_t rank, const std::shared_ptr<ProcessGroupContext>& group) {
       const auto optimizer = [&](Mlp& net) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -261,7 +262,7 @@ TEST_F(GradientReducerTest, TheWrittenOutStepSumsOverTheRanksWithAutogradsBits) 
         autograd_step.run(x, y, split[0] + split[1]);
       }
     });
-    EXPECT_EQ(direct, std::vector<bool>(2, true));
+    EXPECT_EQ(direct, (std::array<bool, 2>{true, true}));
     for (size_t r = 0; r < 2; ++r) {
       const auto a = written[r]->parameters();
       const auto b = autograd[r]->parameters();
