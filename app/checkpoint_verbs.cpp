@@ -50,15 +50,15 @@ std::string format_of(const PickleValue& root, std::string& state_dict_key) {
 constexpr const char* kCheckpointHelp =
     "the dkit checkpoint or PyTorch state dict to read, or a run folder: its newest readable checkpoint";
 
-// The file a verb reads: `given` itself, or for a run folder its newest readable checkpoint, found as `dkit train
-// --resume` finds it and named on standard error.
-std::string checkpoint_file(const std::string& given) {
+// The file a verb reads: `given` itself, or for a run folder its newest readable checkpoint within `limits`, found
+// as `dkit train --resume` finds it and named on standard error.
+std::string checkpoint_file(const std::string& given, const ReadLimits& limits) {
   std::error_code ignored;
   if (!std::filesystem::is_directory(given, ignored)) {
     return given;
   }
   const CheckpointFolder folder(given);
-  std::optional<FoundCheckpoint> found = folder.load_newest();
+  std::optional<FoundCheckpoint> found = folder.load_newest(ReadOptions().limits(limits));
   DKIT_CHECK(found.has_value(), given, ": is a directory with no readable checkpoint in '", folder.path(),
              "'; give a checkpoint file or a run folder");
   warn_skipped_checkpoints(found->skipped);
@@ -226,8 +226,8 @@ int run_inspect(Args args) {
     return 0;
   }
   DKIT_CHECK(result.count("file") != 0, "inspect needs a FILE (see --help)");
-  const std::string path = checkpoint_file(result["file"].as<std::string>());
   const ReadOptions read_options = ReadOptions().limits(read_limits(result));
+  const std::string path = checkpoint_file(result["file"].as<std::string>(), read_options.limits());
   const bool json = result["json"].as<bool>();
   if (is_safetensors_path(path)) {
     print_safetensors(path, read_safetensors(path, read_options), json);
@@ -281,8 +281,9 @@ int run_export(Args args) {
   DKIT_CHECK(result.count("checkpoint") != 0, "export needs --checkpoint FILE (see --help)");
   DKIT_CHECK(result.count("output") != 0, "export needs --output FILE (see --help)");
   const std::string output = result["output"].as<std::string>();
-  const LoadedMlp model =
-      load_mlp(checkpoint_file(result["checkpoint"].as<std::string>()), LoadMlpOptions().limits(read_limits(result)));
+  const ReadLimits limits = read_limits(result);
+  const LoadedMlp model = load_mlp(checkpoint_file(result["checkpoint"].as<std::string>(), limits),
+                                   LoadMlpOptions().limits(limits));
   export_mlp(output, model);
   std::cout << "wrote " << printable(output) << ": " << model.net->named_parameters().size() << " parameter tensors"
             << (model.input_mean.defined() ? " and input_mean, input_std" : "") << "\n";
@@ -312,12 +313,13 @@ int run_predict(Args args) {
   DKIT_CHECK(result.count("checkpoint") != 0, "predict needs --checkpoint FILE (see --help)");
   DKIT_CHECK(result.count("input") != 0, "predict needs --input ROWS.csv (see --help)");
   const Device device = parse_device(result["device"].as<std::string>());
+  const ReadLimits limits = read_limits(result);
   const LoadedMlp model =
-      load_mlp(checkpoint_file(result["checkpoint"].as<std::string>()),
+      load_mlp(checkpoint_file(result["checkpoint"].as<std::string>(), limits),
                LoadMlpOptions()
                    .device(device)
                    .activation(parse_activation(result["activation"].as<std::string>()))
-                   .limits(read_limits(result)));
+                   .limits(limits));
   const std::string input = result["input"].as<std::string>();
   const at::Tensor inputs =
       read_csv(input, CsvOptions().has_labels(false).header(result.count("header") != 0)).features;

@@ -95,6 +95,10 @@ std::vector<std::string> CheckpointFolder::step_files() const {
 }
 
 std::optional<FoundCheckpoint> CheckpointFolder::load_newest(const c10::Device& map_location) const {
+  return load_newest(ReadOptions().map_location(map_location));
+}
+
+std::optional<FoundCheckpoint> CheckpointFolder::load_newest(const ReadOptions& options) const {
   const std::string last_path = (fs::path(path_) / "last.pt").string();
   const auto files = step_files();
   const bool have_last = fs::exists(last_path);
@@ -104,7 +108,7 @@ std::optional<FoundCheckpoint> CheckpointFolder::load_newest(const c10::Device& 
   FoundCheckpoint found;
   std::string error;
   TrainingCheckpoint last;
-  const bool last_ok = have_last && try_load_training_checkpoint(last_path, map_location, last, error);
+  const bool last_ok = have_last && try_load_training_checkpoint(last_path, options, last, error);
   if (have_last && !last_ok) {
     found.skipped.push_back(error);
   }
@@ -112,7 +116,7 @@ std::optional<FoundCheckpoint> CheckpointFolder::load_newest(const c10::Device& 
     if (last_ok && step_of(file) <= last.step) {
       break;
     }
-    if (try_load_training_checkpoint(file, map_location, found.checkpoint, error)) {
+    if (try_load_training_checkpoint(file, options, found.checkpoint, error)) {
       found.path = file;
       return found;
     }

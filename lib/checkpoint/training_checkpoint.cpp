@@ -149,14 +149,23 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
   return checkpoint;
 }
 
+TrainingCheckpoint load_training_checkpoint(const std::string& path, const ReadOptions& options) {
+  return training_checkpoint_from(read_torch_file(path, options).root, path);
+}
+
 TrainingCheckpoint load_training_checkpoint(const std::string& path, const c10::Device& map_location) {
-  return training_checkpoint_from(read_torch_file(path, ReadOptions().map_location(map_location)).root, path);
+  return load_training_checkpoint(path, ReadOptions().map_location(map_location));
 }
 
 bool try_load_training_checkpoint(const std::string& path, const c10::Device& map_location, TrainingCheckpoint& out,
                                   std::string& error) {
+  return try_load_training_checkpoint(path, ReadOptions().map_location(map_location), out, error);
+}
+
+bool try_load_training_checkpoint(const std::string& path, const ReadOptions& options, TrainingCheckpoint& out,
+                                  std::string& error) {
   try {
-    out = load_training_checkpoint(path, map_location);
+    out = load_training_checkpoint(path, options);
     return true;
   } catch (const Error& e) {
     error = e.what();

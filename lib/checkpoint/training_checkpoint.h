@@ -100,12 +100,19 @@ bool is_training_checkpoint(const PickleValue& root);
 /// CPU whatever the tensors' device.
 TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::string& source);
 
-/// Reads a checkpoint written by save_training_checkpoint(), tensors on `map_location`.
-TrainingCheckpoint load_training_checkpoint(const std::string& path,
-                                            const c10::Device& map_location = c10::Device(c10::kCPU));
+/// Reads a checkpoint written by save_training_checkpoint(), tensors on `options.map_location()`, within
+/// `options.limits()`.
+TrainingCheckpoint load_training_checkpoint(const std::string& path, const ReadOptions& options = {});
+
+/// load_training_checkpoint() with the default limits, tensors on `map_location`.
+TrainingCheckpoint load_training_checkpoint(const std::string& path, const c10::Device& map_location);
 
 /// Like load_training_checkpoint(), but returns false with the error's message in `error` instead of throwing
 /// when the file is missing or unreadable.
+bool try_load_training_checkpoint(const std::string& path, const ReadOptions& options, TrainingCheckpoint& out,
+                                  std::string& error);
+
+/// try_load_training_checkpoint() with the default limits, tensors on `map_location`.
 bool try_load_training_checkpoint(const std::string& path, const c10::Device& map_location, TrainingCheckpoint& out,
                                   std::string& error);
 
@@ -151,8 +158,12 @@ class CheckpointFolder {
 
   /// The newest checkpoint that reads correctly: `last.pt`, or a step file with a higher step than it, or when
   /// those are corrupt the next older step file, and so on. The files skipped are listed in the result so that
-  /// the caller can say it fell back. std::nullopt when there is no readable checkpoint at all (or no folder).
-  std::optional<FoundCheckpoint> load_newest(const c10::Device& map_location = c10::Device(c10::kCPU)) const;
+  /// the caller can say it fell back. Every file is read with `options` (map_location and limits), so a file
+  /// beyond the limits is skipped unread. std::nullopt when there is no readable checkpoint at all (or no folder).
+  std::optional<FoundCheckpoint> load_newest(const ReadOptions& options = {}) const;
+
+  /// load_newest() with the default limits, tensors on `map_location`.
+  std::optional<FoundCheckpoint> load_newest(const c10::Device& map_location) const;
 
  private:
   std::string path_;

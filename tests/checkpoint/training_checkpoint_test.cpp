@@ -451,6 +451,26 @@ TEST_F(CheckpointFolderTest, PrefersAStepFileNewerThanLast) {
   EXPECT_EQ(found->path, folder.path() + "/step-000002.pt");
 }
 
+// The read limits apply to every file the search reads: one beyond them is skipped (and said), unread.
+TEST_F(CheckpointFolderTest, SkipsAFileBeyondTheReadLimits) {
+  CheckpointFolder folder(dir_.path().string());
+  folder.save(checkpoint(1));
+  TrainingCheckpoint bigger = checkpoint(2);
+  bigger.model_state_dict.insert("extra", torch::zeros({4096}));
+  save_training_checkpoint(folder.path() + "/step-000002.pt", bigger);
+  const std::string newer = folder.path() + "/step-000002.pt";
+  const auto limit = static_cast<int64_t>(fs::file_size(folder.path() + "/last.pt"));
+  ASSERT_GT(static_cast<int64_t>(fs::file_size(newer)), limit);
+  const auto found = folder.load_newest(ReadOptions().limits(ReadLimits().max_file_bytes(limit)));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->checkpoint.step, 1);
+  EXPECT_EQ(found->path, folder.path() + "/last.pt");
+  ASSERT_EQ(found->skipped.size(), 1u);
+  EXPECT_EQ(found->skipped[0], newer + ": the file is " + std::to_string(fs::file_size(newer)) +
+                                   " bytes, more than the limit of " + std::to_string(limit) + " (max_file_bytes)");
+  EXPECT_EQ(folder.load_newest()->checkpoint.step, 2);
+}
+
 TEST_F(CheckpointFolderTest, ReportsWhenNothingIsReadable) {
   CheckpointFolder folder(dir_.path().string());
   EXPECT_FALSE(folder.load_newest().has_value());

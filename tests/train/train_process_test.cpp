@@ -525,6 +525,23 @@ TEST_F(TrainProcessTest, AHeaderRowTrainsAndARunFolderStandsForItsNewestCheckpoi
   EXPECT_EQ(inspected->out().rfind("format: dkit_checkpoint (state dict under 'model_state_dict')", 0), 0u)
       << inspected->out();
 
+  // --limit applies to the folder's scan too: a file beyond it is skipped unread, not read whole to be found.
+  const std::vector<std::string> newest_first = {folder + "/last.pt", folder + "/step-000002.pt",
+                                                 folder + "/step-000001.pt"};
+  uintmax_t smallest = fs::file_size(newest_first.front());
+  for (const std::string& file : newest_first) {
+    smallest = std::min(smallest, fs::file_size(file));
+  }
+  const std::string limit = std::to_string(smallest - 1);
+  std::string reasons;
+  for (const std::string& file : newest_first) {
+    reasons += (reasons.empty() ? "" : "; ") + file + ": the file is " + std::to_string(fs::file_size(file)) +
+               " bytes, more than the limit of " + limit + " (max_file_bytes)";
+  }
+  const auto limited =
+      run({DKIT_APP_PATH, "inspect", run_dir, "--limit", "max_file_bytes=" + limit}, "inspect-limited", 1);
+  EXPECT_EQ(limited->err(), "dkit: error: no readable checkpoint in " + folder + ": " + reasons + "\n");
+
   // last.pt and step-000002.pt are one file (a hard link) where the file system allows; cut both short.
   for (const std::string name : {"last.pt", "step-000002.pt"}) {
     fs::resize_file(folder + "/" + name, fs::file_size(folder + "/" + name) / 2);
