@@ -455,10 +455,10 @@ TEST_F(CheckpointFolderTest, PrefersAStepFileNewerThanLast) {
 TEST_F(CheckpointFolderTest, SkipsAFileBeyondTheReadLimits) {
   CheckpointFolder folder(dir_.path().string());
   folder.save(checkpoint(1));
+  const std::string newer = folder.path() + "/step-000002.pt";
   TrainingCheckpoint bigger = checkpoint(2);
   bigger.model_state_dict.insert("extra", torch::zeros({4096}));
-  save_training_checkpoint(folder.path() + "/step-000002.pt", bigger);
-  const std::string newer = folder.path() + "/step-000002.pt";
+  save_training_checkpoint(newer, bigger);
   const auto limit = static_cast<int64_t>(fs::file_size(folder.path() + "/last.pt"));
   ASSERT_GT(static_cast<int64_t>(fs::file_size(newer)), limit);
   const auto found = folder.load_newest(ReadOptions().limits(ReadLimits().max_file_bytes(limit)));
