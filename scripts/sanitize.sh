@@ -5,7 +5,7 @@
 # BUILD/sanitizer-reports/, which this script prints.
 #
 #   scripts/sanitize.sh                          # the whole suite, in build-sanitize/, with clang when present
-#   scripts/sanitize.sh -R 'Pickle|TorchFile'    # with arguments: plain ctest with them, one process per test
+#   scripts/sanitize.sh -R 'Pickle|TorchFile'    # with arguments: plain ctest with them, one process per suite
 #   SANITIZE_CXX=g++ DKIT_SANITIZE=address scripts/sanitize.sh
 #
 # Without arguments the suite runs through scripts/test_shards.sh: the GoogleTest program whole, in one shard per

@@ -7,7 +7,7 @@
 #
 # Each shard's output goes to BUILD/test-shard-N.log; a failing shard's failures are printed. Exit status 0 when
 # every shard and every other test passed. scripts/sanitize.sh and scripts/libtorch_build.sh run the suite this way;
-# the README's test command is plain ctest, one process per test.
+# the README's test command is plain ctest, one process per GoogleTest suite (tests/gtest_suites.cmake).
 set -uo pipefail
 build=${1:?usage: scripts/test_shards.sh BUILD [SHARDS]}
 shards=${2:-$(nproc)}

@@ -19,7 +19,7 @@ class CudaSkipReporter : public ::testing::EmptyTestEventListener {
 } // namespace
 
 // As LibTorch's test/cpp/common/main.cpp: tests named *_CUDA need a GPU and are filtered out when none is visible.
-// They are still listed, so that CTest shows each of them as skipped rather than hiding it.
+// They are still listed, and a CTest entry whose suite holds nothing else is shown as skipped rather than hidden.
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (!torch::cuda::is_available() && !::testing::GTEST_FLAG(list_tests)) {
