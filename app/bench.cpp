@@ -63,6 +63,7 @@ int run_bench(Args args) {
   options.add_options()("h,help", "show this help");
   options.parse_positional({"suite"});
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  reject_extra_arguments(args.program, result.unmatched());
   if (result.count("help") != 0) {
     std::cout << options.help() << suites_help();
     return 0;

@@ -1,5 +1,6 @@
 #include "commands.h"
 #include "console.h"
+#include "usage.h"
 
 #include <dkit/checkpoint/safetensors.h>
 #include <dkit/checkpoint/state_dict.h>
@@ -221,6 +222,7 @@ int run_inspect(Args args) {
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   options.parse_positional({"file"});
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  reject_extra_arguments(args.program, result.unmatched());
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;
@@ -274,6 +276,7 @@ int run_export(Args args) {
       cxxopts::value<std::string>())(
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  reject_extra_arguments(args.program, result.unmatched());
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;
@@ -306,6 +309,7 @@ int run_predict(Args args) {
       cxxopts::value<std::string>()->default_value(to_string(Activation::kReLU)))(
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  reject_extra_arguments(args.program, result.unmatched());
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;

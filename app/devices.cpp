@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "usage.h"
 
 #include <dkit/device/report.h>
 #include <dkit/train/optim.h>
@@ -16,6 +17,7 @@ int run_devices(Args args) {
                                          "it is not.");
   options.add_options()("json", "print the report as JSON")("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  reject_extra_arguments(args.program, result.unmatched());
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;

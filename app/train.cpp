@@ -1,5 +1,6 @@
 #include "commands.h"
 #include "console.h"
+#include "usage.h"
 
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
@@ -81,6 +82,7 @@ int run_train(Args args) {
       "loop waits for the GPU only at metric flushes, validation and checkpoints (not with train.precision=fp16)")(
       "keys", "list every config key with its type, default and meaning")("h,help", "show this help");
   const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  reject_extra_arguments(args.program, result.unmatched(), true);
   if (result.count("help") != 0) {
     std::cout << options.help() << key_reference();
     return 0;

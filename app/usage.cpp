@@ -49,4 +49,14 @@ void unknown_name(const std::string& kind, const std::string& word, const std::v
                    (suggestion.empty() ? "see '" : "did you mean '" + suggestion + "'? See '") + help + "'");
 }
 
+void reject_extra_arguments(const std::string& program, const std::vector<std::string>& extra, bool has_set) {
+  if (extra.empty()) {
+    return;
+  }
+  const std::string& word = extra.front();
+  const bool setting = has_set && word.find('=') != std::string::npos && word.front() != '-';
+  throw UsageError("unexpected argument '" + word + "' to " + program + "; " +
+                   (setting ? "did you mean '--set " + word + "'? See '" : "see '") + program + " --help'");
+}
+
 } // namespace dkit::app
