@@ -3,8 +3,8 @@
 # packages):
 #
 #   scripts/libtorch_build.sh full SOURCE BUILD JOBS   # configure, build everything, run the whole suite (through
-#                                                      # scripts/test_shards.sh: the GoogleTest program in JOBS
-#                                                      # shards, then ctest for the other tests)
+#                                                      # scripts/test_shards.sh: the GoogleTest program in
+#                                                      # shards beside ctest for the other tests, JOBS at once)
 #   scripts/libtorch_build.sh cuda SOURCE BUILD JOBS   # CUDA LibTorch: configure (CUDA, NCCL and DataParallel must
 #                                                      # be on), build everything, list the CUDA-gated sources
 set -euo pipefail
@@ -27,10 +27,9 @@ case $mode in
     # Without cuDNN, which libtorch_cuda.so needs, the linker is told to leave symbols of shared libraries
     # unresolved: the link checks dkit's own symbols, nothing is run (the test list too is read only when CTest
     # runs, not after the link, since the test program cannot start without cuDNN).
-    # Each source is compiled alone (DKIT_UNITY_BUILD off): the list below finds every CUDA-gated source's own
-    # object, and each source is checked to compile on its own, which the other builds' batches would not show.
-    cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
-      -DDKIT_UNITY_BUILD=OFF \
+    # The sources are compiled in the batches of the other builds (DKIT_UNITY_BUILD); the list below finds every
+    # CUDA-gated source's own object or the batch that includes it.
+    cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc \
       -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs \
       -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs | grep -E '^-- dkit:'
     for flag in CUDA NCCL DATA_PARALLEL; do
@@ -43,7 +42,13 @@ case $mode in
     cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
     missing=0
     for file in $(grep -rlE --include='*.cpp' 'DKIT_WITH_(CUDA|NCCL|DATA_PARALLEL)' lib app tests bench fuzz | sort); do
-      if [ -n "$(find "$build" -name "$(basename "$file").o" -newer "$build/generated/dkit/config.h" | head -n 1)" ]; then
+      found=$(find "$build" -name "$(basename "$file").o" -newer "$build/generated/dkit/config.h" | head -n 1)
+      for batch in $(grep -rlF --include='unity_*.cxx' "#include \"$source/$file\"" "$build"); do
+        if [ "$batch.o" -nt "$build/generated/dkit/config.h" ]; then
+          found=$batch.o
+        fi
+      done
+      if [ -n "$found" ]; then
         say "compiled with CUDA on: $file"
       else
         say "NOT compiled: $file"

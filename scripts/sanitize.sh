@@ -8,10 +8,10 @@
 #   scripts/sanitize.sh -R 'Pickle|TorchFile'    # with arguments: plain ctest with them, one process per suite
 #   SANITIZE_CXX=g++ DKIT_SANITIZE=address scripts/sanitize.sh
 #
-# Without arguments the suite runs through scripts/test_shards.sh: the GoogleTest program whole, in one shard per
-# CPU, then ctest for the other tests (the CLI tests); the same suite as ctest's, without paying a sanitized
-# LibTorch start-up for each of its tests. With clang, the build also has the fuzz targets (DKIT_FUZZ), so that
-# FUZZ_BUILD_DIR=build-sanitize scripts/fuzz.sh reuses it.
+# Without arguments the suite runs through scripts/test_shards.sh: the GoogleTest program whole, in 4 shards per job
+# (SANITIZE_JOBS, one per CPU by default), beside ctest for the other tests (the CLI tests); the same suite as
+# ctest's, without paying a sanitized LibTorch start-up for each of its tests. With clang, the build also has the
+# fuzz targets (DKIT_FUZZ), so that FUZZ_BUILD_DIR=build-sanitize scripts/fuzz.sh reuses it.
 #
 # LibTorch is not instrumented; scripts/sanitizers/*.supp would suppress reports from inside it (each entry says
 # why; none is needed today). The packaging tests are left out (DKIT_INSTALL=OFF): they install and rebuild dkit
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 build=${SANITIZE_BUILD_DIR:-build-sanitize}
 sanitizers=${DKIT_SANITIZE:-address,undefined}
 cxx=${SANITIZE_CXX:-$(command -v clang++ || command -v g++)}
-shards=${SANITIZE_SHARDS:-$(nproc)}
+jobs=${SANITIZE_JOBS:-$(nproc)}
 
 configure=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" -DDKIT_SANITIZE="$sanitizers" -DDKIT_INSTALL=OFF)
 if "$cxx" --version | grep -q clang; then
@@ -59,7 +59,7 @@ status=0
 if [ "$#" -gt 0 ]; then
   ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" "$@" || status=$?
 else
-  bash scripts/test_shards.sh "$build" "$shards" || status=$?
+  bash scripts/test_shards.sh "$build" "$jobs" || status=$?
 fi
 echo "sanitize: tests ran in $(($(date +%s) - start)) s"
 
