@@ -21,7 +21,7 @@ case $mode in
     say "building"
     cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
     say "testing"
-    bash scripts/test_shards.sh "$build" "$jobs"
+    bash scripts/test_shards.sh "$build" "$jobs" -LE dockerfile
     ;;
   cuda)
     # Without cuDNN, which libtorch_cuda.so needs, the linker is told to leave symbols of shared libraries

@@ -4,15 +4,19 @@
 # (GTEST_TOTAL_SHARDS), and ctest runs the tests that are not GoogleTest's (cli.*, docker.*, package.*) one at a
 # time; JOBS of these run at once, the next starting as one ends, so that a long shard does not leave a CPU idle.
 #
-#   scripts/test_shards.sh BUILD [JOBS]   # JOBS: $(nproc) by default
+#   scripts/test_shards.sh BUILD [JOBS [CTEST_ARGUMENT...]]   # JOBS: $(nproc) by default
+#
+# CTEST_ARGUMENTs go to ctest for the other tests (scripts/sanitize.sh and scripts/libtorch_build.sh give
+# `-LE dockerfile`: the Dockerfile's checks, which CI runs in its readme stage).
 #
 # Each shard's output goes to BUILD/test-shard-N.log and ctest's to BUILD/test-ctest.log; a failing shard's
 # failures and ctest's whole output are printed. Exit status 0 when every shard and every other test passed.
 # scripts/sanitize.sh and scripts/libtorch_build.sh run the suite this way; the README's test command is plain ctest,
 # one process per GoogleTest suite (tests/gtest_suites.cmake).
 set -uo pipefail
-build=${1:?usage: scripts/test_shards.sh BUILD [JOBS]}
+build=${1:?usage: scripts/test_shards.sh BUILD [JOBS [CTEST_ARGUMENT...]]}
 jobs=${2:-$(nproc)}
+ctest_arguments=("${@:3}")
 shards=$((4 * jobs))
 
 say() {
@@ -22,7 +26,8 @@ say() {
 # GoogleTest's tests are named Suite.Test with a capitalized suite; the others (cli.*, docker.*) are not.
 run_task() {
   if [ "$1" = ctest ]; then
-    ctest --test-dir "$build" --output-on-failure --parallel 1 -E '^[A-Z][A-Za-z0-9_/]*\.' >"$build/test-ctest.log" 2>&1
+    ctest --test-dir "$build" --output-on-failure --parallel 1 -E '^[A-Z][A-Za-z0-9_/]*\.' "${ctest_arguments[@]}" \
+      >"$build/test-ctest.log" 2>&1
   else
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$1 "$build/tests/dkit_tests" >"$build/test-shard-$1.log" 2>&1
   fi
