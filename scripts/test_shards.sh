@@ -6,8 +6,8 @@
 #
 #   scripts/test_shards.sh BUILD [JOBS [CTEST_ARGUMENT...]]   # JOBS: $(nproc) by default
 #
-# CTEST_ARGUMENTs go to ctest for the other tests (scripts/sanitize.sh and scripts/libtorch_build.sh give
-# `-LE dockerfile`: the Dockerfile's checks, which CI runs in its readme stage).
+# CTEST_ARGUMENTs go to ctest for the other tests (scripts/libtorch_build.sh gives `-LE dockerfile`: the
+# Dockerfile's static checks, which CI runs in its readme stage).
 #
 # Each shard's output goes to BUILD/test-shard-N.log and ctest's to BUILD/test-ctest.log; a failing shard's
 # failures and ctest's whole output are printed. Exit status 0 when every shard and every other test passed.
