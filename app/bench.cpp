@@ -62,8 +62,7 @@ int run_bench(Args args) {
   options.add_options()("quiet", "no progress lines on stderr");
   options.add_options()("h,help", "show this help");
   options.parse_positional({"suite"});
-  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  reject_extra_arguments(args.program, result.unmatched());
+  const auto result = parse_arguments(options, args);
   if (result.count("help") != 0) {
     std::cout << options.help() << suites_help();
     return 0;

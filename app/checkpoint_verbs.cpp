@@ -221,8 +221,7 @@ int run_inspect(Args args) {
               "\"dtype\"}, ...]}")(
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
   options.parse_positional({"file"});
-  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  reject_extra_arguments(args.program, result.unmatched());
+  const auto result = parse_arguments(options, args);
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;
@@ -275,8 +274,7 @@ int run_export(Args args) {
       "output", "the file to write: FILE.safetensors for safetensors, any other name for torch.save's format",
       cxxopts::value<std::string>())(
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
-  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  reject_extra_arguments(args.program, result.unmatched());
+  const auto result = parse_arguments(options, args);
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;
@@ -308,8 +306,7 @@ int run_predict(Args args) {
       "activation", list_names(kActivationNames) + ", for state dicts, which do not record it (a dkit checkpoint does)",
       cxxopts::value<std::string>()->default_value(to_string(Activation::kReLU)))(
       "limit", limit_help(), cxxopts::value<std::vector<std::string>>())("h,help", "show this help");
-  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  reject_extra_arguments(args.program, result.unmatched());
+  const auto result = parse_arguments(options, args);
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;

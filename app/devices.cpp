@@ -16,8 +16,7 @@ int run_devices(Args args) {
                                          "kernels of dkit's fused optimizers, and why CUDA is not available when "
                                          "it is not.");
   options.add_options()("json", "print the report as JSON")("h,help", "show this help");
-  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  reject_extra_arguments(args.program, result.unmatched());
+  const auto result = parse_arguments(options, args);
   if (result.count("help") != 0) {
     std::cout << options.help();
     return 0;

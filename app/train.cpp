@@ -81,8 +81,7 @@ int run_train(Args args) {
       "CUDA: make every synchronisation with the GPU inside a step or a batch hand-over an error, to prove the "
       "loop waits for the GPU only at metric flushes, validation and checkpoints (not with train.precision=fp16)")(
       "keys", "list every config key with its type, default and meaning")("h,help", "show this help");
-  const auto result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  reject_extra_arguments(args.program, result.unmatched(), true);
+  const auto result = parse_arguments(options, args, true);
   if (result.count("help") != 0) {
     std::cout << options.help() << key_reference();
     return 0;

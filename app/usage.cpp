@@ -49,14 +49,15 @@ void unknown_name(const std::string& kind, const std::string& word, const std::v
                    (suggestion.empty() ? "see '" : "did you mean '" + suggestion + "'? See '") + help + "'");
 }
 
-void reject_extra_arguments(const std::string& program, const std::vector<std::string>& extra, bool has_set) {
-  if (extra.empty()) {
-    return;
+cxxopts::ParseResult parse_arguments(cxxopts::Options& options, const Args& args, bool has_set) {
+  cxxopts::ParseResult result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+  if (result.unmatched().empty()) {
+    return result;
   }
-  const std::string& word = extra.front();
+  const std::string& word = result.unmatched().front();
   const bool setting = has_set && word.find('=') != std::string::npos && word.front() != '-';
-  throw UsageError("unexpected argument '" + word + "' to " + program + "; " +
-                   (setting ? "did you mean '--set " + word + "'? See '" : "see '") + program + " --help'");
+  throw UsageError("unexpected argument '" + word + "' to " + args.program + "; " +
+                   (setting ? "did you mean '--set " + word + "'? See '" : "see '") + args.program + " --help'");
 }
 
 } // namespace dkit::app

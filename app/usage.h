@@ -1,5 +1,9 @@
 #pragma once
 
+#include "commands.h"
+
+#include <cxxopts.hpp>
+
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,10 +26,10 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 [[noreturn]] void unknown_name(const std::string& kind, const std::string& word, const std::vector<std::string>& known,
                                const std::string& help);
 
-/// Throws the UsageError for the first of `extra`, the arguments that no option or operand of `program` (`dkit VERB`)
-/// took (cxxopts' `unmatched()`); does nothing when it is empty. The message is `unexpected argument 'ARG' to
-/// PROGRAM; see 'PROGRAM --help'`, or, when `program` has `--set` and ARG looks like KEY=VALUE,
-/// `unexpected argument 'ARG' to PROGRAM; did you mean '--set ARG'? See 'PROGRAM --help'`.
-void reject_extra_arguments(const std::string& program, const std::vector<std::string>& extra, bool has_set = false);
+/// Parses a verb's `args` with its `options` and throws the UsageError for the first argument that no option or
+/// operand took (cxxopts leaves those in `unmatched()`): `unexpected argument 'ARG' to dkit VERB; see 'dkit VERB
+/// --help'`, or, when the verb has `--set` (`has_set`) and ARG looks like KEY=VALUE, `unexpected argument 'ARG' to
+/// dkit VERB; did you mean '--set ARG'? See 'dkit VERB --help'`.
+cxxopts::ParseResult parse_arguments(cxxopts::Options& options, const Args& args, bool has_set = false);
 
 } // namespace dkit::app
