@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds dkit against the LibTorch of other Debian releases, each in a Debian root made with debootstrap from the
-# mirror this machine's apt sources name (scripts/debian_root.sh), cached in .cache/roots (or $DKIT_ROOTS_DIR).
+# mirror this machine's apt sources name (scripts/debian_root.sh), cached in .cache/roots (or $DKIT_ROOTS_DIR: CI
+# keeps them in /var/cache/dkit/roots). A cached root is brought up to date (apt-get dist-upgrade) and gets what
+# scripts/setup.sh lists and a new copy of the source; each build starts from an empty folder.
 #
 #   scripts/check_libtorch.sh TARGET...             # TARGET: cuda, stable, newest or all
 #   scripts/check_libtorch.sh --prepare TARGET...   # only makes the roots and installs their packages (network- and
@@ -53,6 +55,13 @@ if ! command -v debootstrap >/dev/null; then
   apt-get install -y -q debootstrap >/dev/null || { echo "check_libtorch: cannot install debootstrap" >&2; exit 1; }
 fi
 mkdir -p "$roots"
+# One check at a time per roots folder (CI's keeps its roots between runs): a second waits for the first, and for any
+# apt the first left running in a root.
+exec 9>"$roots/.lock"
+if ! flock -n 9; then
+  echo "check_libtorch: waiting for the check that holds $roots/.lock"
+  flock 9
+fi
 
 say() {
   echo "check_libtorch: $*"
@@ -75,15 +84,18 @@ copy_source() {
 # the package unconfigured: its postinst is replaced with a no-op, and the rest is configured.
 readonly skip_cudnn_download='f=/var/lib/dpkg/info/nvidia-cudnn.postinst; if [ -f $f ] && ! dpkg -s nvidia-cudnn 2>/dev/null | grep -q "^Status: install ok installed"; then printf "#!/bin/sh\nexit 0\n" >$f; dpkg --configure -a; fi'
 
-# The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda.
+# The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda,
+# after the root's own packages are brought up to date (a cached root was made in an earlier run; for cuda a failed
+# upgrade is left to the repair that follows, as nvidia-cudnn's download fails in any upgrade of it).
 install_command() {
   case $1 in
     cuda)
-      echo "./scripts/setup.sh --without-torch && { apt-get install -y -q libtorch-cuda-dev nvidia-cuda-toolkit \
+      echo "apt-get update -q && { apt-get dist-upgrade -y -q || true; } && \
+            ./scripts/setup.sh --without-torch && { apt-get install -y -q libtorch-cuda-dev nvidia-cuda-toolkit \
             libnccl-dev libgloo-cuda-dev || true; } && $skip_cudnn_download && \
             apt-get install -y -q -f && dpkg -s libtorch-cuda-dev >/dev/null"
       ;;
-    *) echo "./scripts/setup.sh" ;;
+    *) echo "apt-get update -q && apt-get dist-upgrade -y -q && ./scripts/setup.sh" ;;
   esac
 }
 
@@ -137,6 +149,7 @@ for target in "${targets[@]}"; do
   say "$target: LibTorch $version ($torch_package), g++ $(in_root "$root" g++ -dumpfullversion)"
   mode=full
   [ "$target" = cuda ] && mode=cuda
+  rm -rf "$root/build" "$root/build.build.log"
   if in_root "$root" bash /src/scripts/libtorch_build.sh "$mode" /src /build "$jobs" 2>&1 | tee -a "$log" |
       grep -E --line-buffered '^(libtorch_build|test_shards|-- dkit:|[0-9]+% tests passed|The following tests|CMake Error|\[  FAILED  \])|^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)|error:'; [ "${PIPESTATUS[0]}" -eq 0 ]; then
     record "$target" passed "LibTorch $version ($((SECONDS - start)) s)"

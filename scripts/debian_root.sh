@@ -6,7 +6,8 @@
 #   scripts/debian_root.sh --run DIR COMMAND...     # runs COMMAND as root inside DIR (proc, sys, dev mounted for it,
 #                                                   # in a mount namespace of its own)
 #
-# A DIR that already holds a finished root is reused as it is (its marker file .dkit-root names the suite). Needs
+# A DIR that already holds a finished root of the same suite, components and mirror is reused as it is (its marker
+# file .dkit-root names them; a root made otherwise is made again). Needs
 # root and debootstrap (apt-get install debootstrap).
 set -euo pipefail
 
@@ -72,11 +73,14 @@ dir=$2
 components=${3:-main}
 command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap"
 
-if [ -f "$dir/.dkit-root" ]; then
-  echo "debian_root: reusing $dir ($(cat "$dir/.dkit-root"))"
-  exit 0
-fi
 url=$(mirror)
+if [ -f "$dir/.dkit-root" ]; then
+  if [ "$(cat "$dir/.dkit-root")" = "$suite $components $url" ]; then
+    echo "debian_root: reusing $dir ($suite $components $url)"
+    exit 0
+  fi
+  echo "debian_root: $dir was made as '$(cat "$dir/.dkit-root")', not '$suite $components $url': making it again"
+fi
 rm -rf "$dir"
 mkdir -p "$dir"
 echo "debian_root: debootstrap $suite ($components) from $url into $dir"
