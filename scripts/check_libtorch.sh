@@ -5,9 +5,10 @@
 # scripts/setup.sh lists and a new copy of the source; each build starts from an empty folder.
 #
 #   scripts/check_libtorch.sh TARGET...             # TARGET: cuda, stable, newest or all
-#   scripts/check_libtorch.sh --prepare TARGET...   # only makes the roots and installs their packages (network- and
-#                                                   # disk-bound: CI runs it while it builds), so that a later run
-#                                                   # of the same targets goes straight to building
+#   scripts/check_libtorch.sh --prepare TARGET...   # only makes the roots and installs their packages (CI runs
+#                                                   # it while it builds; unpacking takes CPU too: 637 s for the
+#                                                   # three here), so that a later run of the same targets goes
+#                                                   # straight to building
 #
 #   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole suite,
 #           with trixie's PyTorch 2.6 for the Python interop tests.
@@ -131,8 +132,8 @@ for target in "${targets[@]}"; do
   fi
   copy_source "$root"
   say "$target: installing the packages"
-  if ! in_root "$root" bash -c "export DEBIAN_FRONTEND=noninteractive; cd /src && $(install_command "$target") && apt-get clean" \
-      >>"$log" 2>&1; then
+  install="$(install_command "$target") && apt-get clean"
+  if ! in_root "$root" bash -c "export DEBIAN_FRONTEND=noninteractive; cd /src && $install" >>"$log" 2>&1; then
     tail -n 15 "$log" | sed 's/^/  | /'
     if [ "$target" = newest ]; then
       say "$target: Debian $suite's packages cannot be installed at the moment: not a build or test failure"

@@ -7,8 +7,8 @@
 #                                                   # in a mount namespace of its own)
 #
 # A DIR that already holds a finished root of the same suite, components and mirror is reused as it is (its marker
-# file .dkit-root names them; a root made otherwise is made again). Needs
-# root and debootstrap (apt-get install debootstrap).
+# file .dkit-root names them; a root made otherwise is made again). Needs root and debootstrap (apt-get install
+# debootstrap).
 set -euo pipefail
 
 die() {
