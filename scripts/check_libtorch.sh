@@ -6,9 +6,8 @@
 #
 #   scripts/check_libtorch.sh TARGET...             # TARGET: cuda, stable, newest or all
 #   scripts/check_libtorch.sh --prepare TARGET...   # only makes the roots and installs their packages (CI runs
-#                                                   # it while it builds; unpacking takes CPU too: 637 s for the
-#                                                   # three here), so that a later run of the same targets goes
-#                                                   # straight to building
+#                                                   # it while it builds; unpacking takes CPU too), so that a later
+#                                                   # run of the same targets goes straight to building
 #
 #   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole suite,
 #           with trixie's PyTorch 2.6 for the Python interop tests.
@@ -88,7 +87,7 @@ readonly skip_cudnn_download='f=/var/lib/dpkg/info/nvidia-cudnn.postinst; if [ -
 # The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda,
 # after the root's own packages are brought up to date (a cached root was made in an earlier run; for cuda a failed
 # upgrade is left to the repair that follows, as nvidia-cudnn's download fails in any upgrade of it). The downloaded
-# packages are deleted after (apt-get clean: 3.4 GB of the roots' 16 GB).
+# packages are deleted after (apt-get clean), as they would stay in a cached root.
 install_command() {
   case $1 in
     cuda)
