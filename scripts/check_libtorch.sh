@@ -86,17 +86,17 @@ readonly skip_cudnn_download='f=/var/lib/dpkg/info/nvidia-cudnn.postinst; if [ -
 
 # The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda,
 # after the root's own packages are brought up to date (a cached root was made in an earlier run; for cuda a failed
-# upgrade is left to the repair that follows, as nvidia-cudnn's download fails in any upgrade of it). The downloaded
-# packages are deleted after (apt-get clean), as they would stay in a cached root.
+# upgrade is left to the repair that follows, as nvidia-cudnn's download fails in any upgrade of it). The caller
+# runs apt-get update before and apt-get clean after (downloaded packages would stay in a cached root).
 install_command() {
   case $1 in
     cuda)
-      echo "apt-get update -q && { apt-get dist-upgrade -y -q || true; } && \
+      echo "{ apt-get dist-upgrade -y -q || true; } && \
             ./scripts/setup.sh --without-torch && { apt-get install -y -q libtorch-cuda-dev nvidia-cuda-toolkit \
             libnccl-dev libgloo-cuda-dev || true; } && $skip_cudnn_download && \
             apt-get install -y -q -f && dpkg -s libtorch-cuda-dev >/dev/null"
       ;;
-    *) echo "apt-get update -q && apt-get dist-upgrade -y -q && ./scripts/setup.sh" ;;
+    *) echo "apt-get dist-upgrade -y -q && ./scripts/setup.sh" ;;
   esac
 }
 
@@ -131,7 +131,7 @@ for target in "${targets[@]}"; do
   fi
   copy_source "$root"
   say "$target: installing the packages"
-  install="$(install_command "$target") && apt-get clean"
+  install="apt-get update -q && $(install_command "$target") && apt-get clean"
   if ! in_root "$root" bash -c "export DEBIAN_FRONTEND=noninteractive; cd /src && $install" >>"$log" 2>&1; then
     tail -n 15 "$log" | sed 's/^/  | /'
     if [ "$target" = newest ]; then

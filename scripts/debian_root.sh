@@ -75,11 +75,12 @@ command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get instal
 
 url=$(mirror)
 if [ -f "$dir/.dkit-root" ]; then
-  if [ "$(cat "$dir/.dkit-root")" = "$suite $components $url" ]; then
-    echo "debian_root: reusing $dir ($suite $components $url)"
+  made=$(cat "$dir/.dkit-root")
+  if [ "$made" = "$suite $components $url" ]; then
+    echo "debian_root: reusing $dir ($made)"
     exit 0
   fi
-  echo "debian_root: $dir was made as '$(cat "$dir/.dkit-root")', not '$suite $components $url': making it again"
+  echo "debian_root: $dir was made as '$made', not '$suite $components $url': making it again"
 fi
 rm -rf "$dir"
 mkdir -p "$dir"
