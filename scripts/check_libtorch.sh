@@ -2,7 +2,8 @@
 # Builds dkit against the LibTorch of other Debian releases, each in a Debian root made with debootstrap from the
 # mirror this machine's apt sources name (scripts/debian_root.sh), cached in .cache/roots (or $DKIT_ROOTS_DIR: CI
 # keeps them in /var/cache/dkit/roots). A cached root is brought up to date (apt-get dist-upgrade) and gets what
-# scripts/setup.sh lists and a new copy of the source; each build starts from an empty folder.
+# scripts/setup.sh lists and a new copy of the source; each build starts from an empty folder, and compiles through
+# a compiler cache (ccache) kept in the root, which gives back the objects of sources compiled before unchanged.
 #
 #   scripts/check_libtorch.sh TARGET...             # TARGET: cuda, stable, newest or all
 #   scripts/check_libtorch.sh --prepare TARGET...   # only makes the roots and installs their packages (CI runs
@@ -25,7 +26,7 @@
 # Ends with one line per target: passed, failed or unavailable, with the LibTorch version. Exit status 0 when no
 # target failed. Needs root and debootstrap (apt-get install debootstrap).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 roots=${DKIT_ROOTS_DIR:-$(pwd)/.cache/roots}
 jobs=${DKIT_JOBS:-$(nproc)}
 
@@ -84,6 +85,11 @@ copy_source() {
 # the package unconfigured: its postinst is replaced with a no-op, and the rest is configured.
 readonly skip_cudnn_download='f=/var/lib/dpkg/info/nvidia-cudnn.postinst; if [ -f $f ] && ! dpkg -s nvidia-cudnn 2>/dev/null | grep -q "^Status: install ok installed"; then printf "#!/bin/sh\nexit 0\n" >$f; dpkg --configure -a; fi'
 
+# A compiler cache in each root, kept with it (in /root/.cache/ccache): the build runs through it when it is there
+# (scripts/libtorch_build.sh), so that a later run of unchanged sources in the same root compiles only what changed.
+# The precompiled header needs the sloppiness below (ccache's manual, "Precompiled headers").
+readonly ccache='apt-get install -y -q ccache && printf "max_size = 1G\nsloppiness = pch_defines,time_macros\n" >/etc/ccache.conf'
+
 # The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda,
 # after the root's own packages are brought up to date (a cached root was made in an earlier run; for cuda a failed
 # upgrade is left to the repair that follows, as nvidia-cudnn's download fails in any upgrade of it). The caller
@@ -94,9 +100,9 @@ install_command() {
       echo "{ apt-get dist-upgrade -y -q || true; } && \
             ./scripts/setup.sh --without-torch && { apt-get install -y -q libtorch-cuda-dev nvidia-cuda-toolkit \
             libnccl-dev libgloo-cuda-dev || true; } && $skip_cudnn_download && \
-            apt-get install -y -q -f && dpkg -s libtorch-cuda-dev >/dev/null"
+            apt-get install -y -q -f && dpkg -s libtorch-cuda-dev >/dev/null && $ccache"
       ;;
-    *) echo "apt-get dist-upgrade -y -q && ./scripts/setup.sh" ;;
+    *) echo "apt-get dist-upgrade -y -q && ./scripts/setup.sh && $ccache" ;;
   esac
 }
 

@@ -15,11 +15,27 @@ say() {
   echo "libtorch_build: $*"
 }
 
+# Compiles through ccache where it is installed (scripts/check_libtorch.sh installs it in its roots), and says after
+# the build how many compilations it took from the cache.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  ccache --zero-stats >/dev/null
+fi
+cache_stats() {
+  if [ ${#launcher[@]} -gt 0 ]; then
+    say "ccache: $(ccache --print-stats | awk -F'\t' '$1 ~ /^(direct|preprocessed)_cache_hit$/ { hits += $2 }
+      $1 == "cache_miss" { misses = $2 } $1 == "could_not_use_precompiled_header" { pch = $2 }
+      END { printf "%d compilations from the cache, %d compiled, %d without the precompiled header", hits, misses, pch }')"
+  fi
+}
+
 case $mode in
   full)
-    cmake -S . -B "$build" | grep -E '^-- dkit:'
+    cmake -S . -B "$build" "${launcher[@]}" | grep -E '^-- dkit:'
     say "building"
     cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
+    cache_stats
     say "testing"
     bash scripts/test_shards.sh "$build" "$jobs" -LE dockerfile
     ;;
@@ -30,7 +46,7 @@ case $mode in
     # The sources are compiled in the batches of the other builds (DKIT_UNITY_BUILD); the list below finds every
     # CUDA-gated source's own object or the batch that includes it. Since nothing of it runs, it is optimized at -O1,
     # which compiles faster than Release's -O3 (docs/building.md); GCC's warnings that need optimization still run.
-    cmake -S . -B "$build" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
+    cmake -S . -B "$build" "${launcher[@]}" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
       -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs \
       -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs | grep -E '^-- dkit:'
     for flag in CUDA NCCL DATA_PARALLEL; do
@@ -41,6 +57,7 @@ case $mode in
     done
     say "building with CUDA, NCCL and DataParallel on"
     cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
+    cache_stats
     missing=0
     for file in $(grep -rlE --include='*.cpp' 'DKIT_WITH_(CUDA|NCCL|DATA_PARALLEL)' lib app tests bench fuzz | sort); do
       found=$(find "$build" -name "$(basename "$file").o" -newer "$build/generated/dkit/config.h" | head -n 1)
