@@ -88,7 +88,8 @@ readonly skip_cudnn_download='f=/var/lib/dpkg/info/nvidia-cudnn.postinst; if [ -
 # A compiler cache in each root, kept with it (in /root/.cache/ccache): the build runs through it when it is there
 # (scripts/libtorch_build.sh), so that a later run of unchanged sources in the same root compiles only what changed.
 # The precompiled header needs the sloppiness below (ccache's manual, "Precompiled headers").
-readonly ccache='apt-get install -y -q ccache && printf "max_size = 1G\nsloppiness = pch_defines,time_macros\n" >/etc/ccache.conf'
+readonly ccache='apt-get install -y -q ccache &&
+  printf "max_size = 1G\nsloppiness = pch_defines,time_macros\n" >/etc/ccache.conf'
 
 # The packages each target installs: scripts/setup.sh's (one list for every build), plus the CUDA ones for cuda,
 # after the root's own packages are brought up to date (a cached root was made in an earlier run; for cuda a failed

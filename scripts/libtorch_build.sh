@@ -26,7 +26,8 @@ cache_stats() {
   if [ ${#launcher[@]} -gt 0 ]; then
     say "ccache: $(ccache --print-stats | awk -F'\t' '$1 ~ /^(direct|preprocessed)_cache_hit$/ { hits += $2 }
       $1 == "cache_miss" { misses = $2 } $1 == "could_not_use_precompiled_header" { pch = $2 }
-      END { printf "%d compilations from the cache, %d compiled, %d without the precompiled header", hits, misses, pch }')"
+      END { printf "%d compilations from the cache, %d compiled, %d without the precompiled header",
+        hits, misses, pch }')"
   fi
 }
 
@@ -46,7 +47,8 @@ case $mode in
     # The sources are compiled in the batches of the other builds (DKIT_UNITY_BUILD); the list below finds every
     # CUDA-gated source's own object or the batch that includes it. Since nothing of it runs, it is optimized at -O1,
     # which compiles faster than Release's -O3 (docs/building.md); GCC's warnings that need optimization still run.
-    cmake -S . -B "$build" "${launcher[@]}" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
+    cmake -S . -B "$build" "${launcher[@]}" -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc \
+      "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
       -DCMAKE_EXE_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs \
       -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--unresolved-symbols=ignore-in-shared-libs | grep -E '^-- dkit:'
     for flag in CUDA NCCL DATA_PARALLEL; do
