@@ -22,7 +22,9 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   ccache --zero-stats >/dev/null
 fi
-cache_stats() {
+# Builds everything into BUILD, its output in BUILD.build.log (the end of it shown on failure), then the cache's line.
+build_all() {
+  cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
   if [ ${#launcher[@]} -gt 0 ]; then
     say "ccache: $(ccache --print-stats | awk -F'\t' '$1 ~ /^(direct|preprocessed)_cache_hit$/ { hits += $2 }
       $1 == "cache_miss" { misses = $2 } $1 == "could_not_use_precompiled_header" { pch = $2 }
@@ -35,8 +37,7 @@ case $mode in
   full)
     cmake -S . -B "$build" "${launcher[@]}" | grep -E '^-- dkit:'
     say "building"
-    cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
-    cache_stats
+    build_all
     say "testing"
     bash scripts/test_shards.sh "$build" "$jobs" -LE dockerfile
     ;;
@@ -58,8 +59,7 @@ case $mode in
       fi
     done
     say "building with CUDA, NCCL and DataParallel on"
-    cmake --build "$build" --parallel "$jobs" >"$build.build.log" 2>&1 || { tail -n 60 "$build.build.log"; exit 1; }
-    cache_stats
+    build_all
     missing=0
     for file in $(grep -rlE --include='*.cpp' 'DKIT_WITH_(CUDA|NCCL|DATA_PARALLEL)' lib app tests bench fuzz | sort); do
       found=$(find "$build" -name "$(basename "$file").o" -newer "$build/generated/dkit/config.h" | head -n 1)
