@@ -18,7 +18,7 @@ using detail::BenchOptimizer;
 using detail::kClasses;
 using detail::kFeatures;
 using detail::MatmulLimit;
-using detail::PythonServer;
+using detail::PythonServers;
 using detail::TimedVariant;
 using detail::TrainRunner;
 
@@ -40,6 +40,7 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
   const std::string& script = setup.python.script;
   std::string python_skipped = setup.python.skipped;
   std::string torch_python_version;
+  detail::PythonRotation python_rotation(repeat);
 
   ResultTable table("optimizers", {{"device"}, {"batch", ColumnKind::kInteger}, {"optimizer"}, {"variant"},
                                    {"steps", ColumnKind::kInteger}, {"repeat", ColumnKind::kInteger},
@@ -62,14 +63,14 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
         }
         auto limit = std::make_shared<MatmulLimit>(device, batch);
         variants.emplace_back(kLimit, "", [limit] { limit->step(); });
-        std::shared_ptr<PythonServer> server;
+        std::shared_ptr<PythonServers> server;
         if (python_skipped.empty()) {
           report_progress(options, "optimizers: " + where + " PyTorch (" + python + ")");
           std::vector<std::string> arguments =
               detail::python_arguments(device, batch, samples, /*warmup=*/kPythonWarmup, "slicing");
           const std::vector<std::string> optimizer_arguments = optimizer.python_arguments();
           arguments.insert(arguments.end(), optimizer_arguments.begin(), optimizer_arguments.end());
-          server = std::make_shared<PythonServer>(python, script, arguments);
+          server = std::make_shared<PythonServers>(python, script, arguments, python_rotation.processes());
           if (server->error().empty()) {
             torch_python_version = server->torch_version();
             variants.emplace_back("pytorch/slicing", [server](int64_t steps) { return server->time_steps(steps); });
@@ -81,6 +82,8 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
           if (variants.size() > 3) {
             variants.pop_back();
           }
+        } else if (server) {
+          python_rotation.add(*server);
         }
 
         const Stats limit_stats = summarize(variants[2].samples);
@@ -127,6 +130,9 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
   if (!torch_python_version.empty()) {
     result.summary.emplace_back("python_torch_version", torch_python_version);
   }
+  if (python_skipped.empty()) {
+    python_rotation.summarize(result);
+  }
   std::string described;
   for (const BenchOptimizer& optimizer : detail::bench_optimizers()) {
     described += (described.empty() ? "" : ", ") + optimizer.name + " = " + optimizer.describe();
@@ -137,7 +143,7 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
                            " eager (" + python + " " + script + " --serve), " + std::to_string(threads) +
                            " thread(s): its faster loop (tensor slicing of device-resident data, loss.item() each "
                            "step), after " + std::to_string(kPythonWarmup) + " warm-up steps, its samples taken in "
-                           "turns with dkit's");
+                           "turns with dkit's, " + python_rotation.words());
   } else {
     result.notes.push_back("PyTorch comparison " + python_skipped);
   }

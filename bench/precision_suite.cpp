@@ -19,7 +19,7 @@ namespace dkit::bench {
 namespace {
 
 using detail::MatmulLimit;
-using detail::PythonServer;
+using detail::PythonServers;
 using detail::TimedVariant;
 using detail::TrainRunner;
 
@@ -57,6 +57,7 @@ SuiteResult bench_precision(const SuiteOptions& options) {
   const detail::BenchOptimizer& optimizer = detail::find_bench_optimizer(kPrecisionOptimizer);
   std::string python_skipped = setup.python.skipped;
   std::string torch_python_version;
+  detail::PythonRotation python_rotation(setup.repeat);
 
   ResultTable table("precision", {{"device"}, {"batch", ColumnKind::kInteger}, {"precision"}, {"variant"},
                                   {"steps", ColumnKind::kInteger}, {"repeat", ColumnKind::kInteger},
@@ -87,7 +88,7 @@ SuiteResult bench_precision(const SuiteOptions& options) {
       };
       std::vector<Row> rows;
       std::vector<TimedVariant> variants;
-      std::vector<std::shared_ptr<PythonServer>> servers;
+      std::vector<std::shared_ptr<PythonServers>> servers;
       for (const Precision precision : precisions) {
         torch::manual_seed(0);
         auto runner = std::make_shared<TrainRunner>(setup.data, device, batch, Placement::kDevice, optimizer,
@@ -105,7 +106,8 @@ SuiteResult bench_precision(const SuiteOptions& options) {
           const std::vector<std::string> optimizer_arguments = optimizer.python_arguments();
           arguments.insert(arguments.end(), optimizer_arguments.begin(), optimizer_arguments.end());
           arguments.insert(arguments.end(), {"--precision", to_string(precision)});
-          auto server = std::make_shared<PythonServer>(setup.python.python, setup.python.script, arguments);
+          auto server = std::make_shared<PythonServers>(setup.python.python, setup.python.script, arguments,
+                                                        python_rotation.processes());
           if (server->error().empty()) {
             torch_python_version = server->torch_version();
             servers.push_back(server);
@@ -122,6 +124,8 @@ SuiteResult bench_precision(const SuiteOptions& options) {
       for (const auto& server : servers) {
         if (!server->error().empty()) {
           python_skipped = "left out: " + server->error();
+        } else {
+          python_rotation.add(*server);
         }
       }
 
@@ -179,6 +183,9 @@ SuiteResult bench_precision(const SuiteOptions& options) {
   if (!torch_python_version.empty()) {
     result.summary.emplace_back("python_torch_version", torch_python_version);
   }
+  if (python_skipped.empty()) {
+    python_rotation.summarize(result);
+  }
   result.notes.push_back("CPU flags for bfloat16 and float16 (/proc/cpuinfo): " + low_precision_flags() +
                          "; LibTorch built with oneDNN: " + (at::hasMKLDNN() ? "yes" : "no"));
   for (const auto& [what, why] : unsupported) {
@@ -190,7 +197,7 @@ SuiteResult bench_precision(const SuiteOptions& options) {
                            std::to_string(threads) + " thread(s), its forward pass and loss under torch.autocast "
                            "for bf16 and fp16 (fp16 with a GradScaler), tensor slicing of device-resident data, "
                            "loss.item() each step, after " + std::to_string(kPrecisionPythonWarmup) +
-                           " warm-up steps, its samples taken in turns with dkit's");
+                           " warm-up steps, its samples taken in turns with dkit's, " + python_rotation.words());
   } else {
     result.notes.push_back("PyTorch comparison " + python_skipped);
   }

@@ -357,6 +357,10 @@ PythonSide python_side(const SuiteOptions& options) {
   return side;
 }
 
+SyntheticOptions suite_data(int64_t samples) {
+  return SyntheticOptions(samples, kFeatures, kClasses).seed(static_cast<uint64_t>(0));
+}
+
 TrainSuiteSetup train_suite_setup(const SuiteOptions& options, std::vector<int64_t> defaults,
                                   std::vector<int64_t> quick_defaults) {
   TrainSuiteSetup setup;
@@ -370,15 +374,17 @@ TrainSuiteSetup train_suite_setup(const SuiteOptions& options, std::vector<int64
   setup.repeat = options.repeat() > 0 ? options.repeat() : (options.quick() ? 3 : 5);
   setup.min_sample_seconds = options.quick() ? 0.05 : 0.25;
   setup.samples = std::max<int64_t>(4096, 4 * *std::max_element(setup.sizes.begin(), setup.sizes.end()));
-  setup.data = make_synthetic(SyntheticOptions(setup.samples, kFeatures, kClasses).seed(static_cast<uint64_t>(0)));
+  setup.data = make_synthetic(suite_data(setup.samples));
   setup.python = python_side(options);
   return setup;
 }
 
 std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,
                                           const std::string& loops) {
+  const SyntheticOptions data = suite_data(samples);
   return {"--data",
-          "random:" + std::to_string(samples) + ":" + std::to_string(kFeatures) + ":" + std::to_string(kClasses),
+          "blobs:" + std::to_string(data.samples()) + ":" + std::to_string(data.features()) + ":" +
+              std::to_string(data.classes()) + ":" + format_number(data.noise()),
           "--hidden", "256,256", "--batch", std::to_string(batch), "--warmup", std::to_string(warmup),
           "--threads", std::to_string(at::get_num_threads()), "--device", device.str(), "--loops", loops};
 }
@@ -506,6 +512,63 @@ double PythonServer::time_steps(int64_t steps) {
     return std::nan("");
   }
   return json["seconds"].get<double>();
+}
+
+PythonServers::PythonServers(const std::string& python, const std::string& script,
+                             const std::vector<std::string>& arguments, int64_t processes) {
+  for (int64_t i = 0; i < processes && error_.empty(); ++i) {
+    servers_.push_back(std::make_unique<PythonServer>(python, script, arguments));
+    error_ = servers_.back()->error();
+  }
+  answered_.assign(servers_.size(), false);
+}
+
+const std::string& PythonServers::error() const {
+  return error_;
+}
+
+const std::string& PythonServers::torch_version() const {
+  static const std::string none;
+  return servers_.empty() ? none : servers_.front()->torch_version();
+}
+
+double PythonServers::time_steps(int64_t steps) {
+  if (!error_.empty() || servers_.empty()) {
+    return std::nan("");
+  }
+  PythonServer& server = *servers_[next_];
+  const double seconds = server.time_steps(steps);
+  error_ = server.error();
+  if (error_.empty()) {
+    answered_[next_] = true;
+  }
+  next_ = (next_ + 1) % servers_.size();
+  return seconds;
+}
+
+int64_t PythonServers::processes_answered() const {
+  return std::count(answered_.begin(), answered_.end(), true);
+}
+
+PythonRotation::PythonRotation(int64_t repeat) : processes_(std::clamp<int64_t>(repeat, 1, kPythonProcesses)) {}
+
+int64_t PythonRotation::processes() const {
+  return processes_;
+}
+
+void PythonRotation::add(const PythonServers& servers) {
+  fewest_ = std::min(fewest_.value_or(servers.processes_answered()), servers.processes_answered());
+}
+
+void PythonRotation::summarize(SuiteResult& result) const {
+  if (fewest_) {
+    result.summary.emplace_back("python_processes", *fewest_);
+  }
+}
+
+std::string PythonRotation::words() const {
+  const std::string from = processes_ == 1 ? "one process" : std::to_string(processes_) + " processes in rotation";
+  return "each row's from " + from + " (a process may keep a speed of its own for its whole life)";
 }
 
 std::string PythonServer::read_json_line() {

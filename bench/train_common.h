@@ -215,8 +215,60 @@ class PythonServer {
   std::string torch_version_;
 };
 
-/// The arguments of mlp_train.py for random data of `samples` rows at `batch` on `device`, `warmup` steps first,
-/// the loops `loops`, the threads LibTorch uses here.
+/// How many PyTorch processes the samples of one row come from, at most, where a suite takes them in turns with
+/// dkit's: on some machines a process keeps a speed of its own for its whole life (docs/benchmarks.md, "PyTorch's
+/// speed from one process to the next"), so the samples of one process would be a single draw of that speed.
+inline constexpr int64_t kPythonProcesses = 3;
+
+/// Several PythonServer processes of the same arguments, each warmed up, that answer in rotation: time_steps()
+/// asks the next one.
+class PythonServers {
+ public:
+  /// Starts `processes` PythonServers of `script` with `python` and `arguments`, one after another; stops at the
+  /// first that fails, and error() says why.
+  PythonServers(const std::string& python, const std::string& script, const std::vector<std::string>& arguments,
+                int64_t processes);
+
+  /// Why one of them failed (to start, or later); empty while all work.
+  const std::string& error() const;
+  /// PyTorch's version, as the first one reported it.
+  const std::string& torch_version() const;
+  /// Runs `steps` steps in the next process and returns their seconds as it measured them; NaN, with error() set,
+  /// when it failed.
+  double time_steps(int64_t steps);
+  /// How many of the processes have answered time_steps().
+  int64_t processes_answered() const;
+
+ private:
+  std::vector<std::unique_ptr<PythonServer>> servers_;
+  std::vector<bool> answered_;
+  size_t next_ = 0;
+  std::string error_;
+};
+
+/// The PyTorch processes of a suite's rows: how many PythonServers each row starts (kPythonProcesses, or as many as
+/// the row's samples where it takes fewer), and the fewest that answered in any row.
+class PythonRotation {
+ public:
+  /// For rows of `repeat` samples each.
+  explicit PythonRotation(int64_t repeat);
+
+  /// How many processes a row starts.
+  int64_t processes() const;
+  /// Counts the processes of a row's `servers` that answered.
+  void add(const PythonServers& servers);
+  /// Adds `python_processes` to `result`'s summary: the fewest processes that answered in a row (none before add()).
+  void summarize(SuiteResult& result) const;
+  /// How the notes say it: `each row's from N processes in rotation (...)`, or `from one process (...)`.
+  std::string words() const;
+
+ private:
+  int64_t processes_;
+  std::optional<int64_t> fewest_;
+};
+
+/// The arguments of mlp_train.py for suite_data(`samples`)'s recipe (`--data blobs:...`) at `batch` on `device`,
+/// `warmup` steps first, the loops `loops`, the threads LibTorch uses here.
 std::vector<std::string> python_arguments(const Device& device, int64_t batch, int64_t samples, int64_t warmup,
                                           const std::string& loops);
 
@@ -244,18 +296,22 @@ struct TrainSuiteSetup {
   double min_sample_seconds = 0;
   /// Synthetic samples: at least 4,096 and four times the largest batch.
   int64_t samples = 0;
-  /// The synthetic data set, kFeatures wide with kClasses classes, seed 0.
+  /// The synthetic data set: make_synthetic(suite_data(samples)).
   Dataset data;
   /// The PyTorch side.
   PythonSide python;
 };
+
+/// The synthetic data the training suites run on, `samples` rows: Gaussian blobs kFeatures wide with kClasses
+/// classes, seed 0, the rest SyntheticOptions' defaults. The PyTorch side draws the same recipe (python_arguments()).
+SyntheticOptions suite_data(int64_t samples);
 
 /// The setup of a suite run with `options`, whose default batch sizes are `defaults` (`quick_defaults` with
 /// `quick`).
 TrainSuiteSetup train_suite_setup(const SuiteOptions& options, std::vector<int64_t> defaults,
                                   std::vector<int64_t> quick_defaults);
 
-/// Runs `script` with `python` on random data of `samples` rows at `batch`, `steps` steps per timed run after
+/// Runs `script` with `python` on suite_data(`samples`)'s recipe at `batch`, `steps` steps per timed run after
 /// `warmup`, `repeat` runs, for `loops` (`slicing,dataloader`), with `extra` arguments (an optimizer's).
 PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
                      int64_t samples, int64_t steps, int64_t warmup, int64_t repeat, const std::string& loops,

@@ -5,10 +5,11 @@ This is the Python side of dkit's training comparisons (bench/compare_python.sh,
 the same model dkit builds (nn.Sequential of Linear and ReLU, nn.Dropout after each ReLU with --dropout, PyTorch's
 default initialisation), the same optimizer (Adam by default; --optimizer sgd|adam|adamw with --lr, --momentum,
 --nesterov, --weight-decay, as the `optimizers` suite passes them) and the same cross-entropy loss, and feeds it the
-same data: a CSV of numbers with the label last (data/digits.csv by default, standardised), or random data of a given
-width. --precision bf16|fp16 runs the forward pass and the loss under torch.autocast, fp16 with a GradScaler, as
-PyTorch's AMP recipe does (the `precision` suite); a precision this PyTorch cannot autocast to on the device is an
-error.
+same data: a CSV of numbers with the label last (data/digits.csv by default, standardised), or synthetic data of a
+given width: Gaussian blobs by the recipe of dkit's make_synthetic, as dkit's benchmark suites train on (blobs:...),
+or random features with random labels (random:...). --precision bf16|fp16 runs the forward pass and the loss under
+torch.autocast, fp16 with a GradScaler, as PyTorch's AMP recipe does (the `precision` suite); a precision this
+PyTorch cannot autocast to on the device is an error.
 
 Two loops, as PyTorch users write them:
   dataloader  for x, y in DataLoader(TensorDataset(X, y), batch_size=B, shuffle=True)
@@ -47,6 +48,14 @@ def load_csv(path):
     mean, std = features.mean(0), features.std(0)
     std[std == 0] = 1
     return (features - mean) / std, labels
+
+
+def blobs(n, features, classes, noise):
+    """Gaussian blobs by dkit::make_synthetic's recipe, from PyTorch's generator: a centre per class from N(0, 1),
+    the n labels spread evenly over the classes and shuffled, each sample its centre plus N(0, noise^2) noise."""
+    centres = torch.randn(classes, features)
+    labels = (torch.arange(n) % classes)[torch.randperm(n)]
+    return centres[labels] + noise * torch.randn(n, features), labels
 
 
 def build_model(in_features, hidden, out_features, dropout=0.0):
@@ -181,7 +190,9 @@ def serve(args, X, y, hidden, classes, device):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="data/digits.csv", help="CSV, label last; 'random:N:F:C' for random data")
+    parser.add_argument("--data", default="data/digits.csv",
+                        help="CSV, label last; 'random:N:F:C' for random data (random labels); 'blobs:N:F:C:NOISE' "
+                             "for Gaussian blobs drawn as dkit's make_synthetic draws them")
     parser.add_argument("--hidden", default="256,256")
     parser.add_argument("--dropout", type=float, default=0.0, help="nn.Dropout after each hidden ReLU, as dkit's Mlp")
     parser.add_argument("--batch", type=int, default=64)
@@ -213,6 +224,9 @@ def main():
     if args.data.startswith("random:"):
         _, n, f, c = args.data.split(":")
         X, y = torch.randn(int(n), int(f)), torch.randint(0, int(c), (int(n),))
+    elif args.data.startswith("blobs:"):
+        _, n, f, c, noise = args.data.split(":")
+        X, y = blobs(int(n), int(f), int(c), float(noise))
     else:
         X, y = load_csv(args.data)
     hidden = [int(h) for h in args.hidden.split(",") if h]

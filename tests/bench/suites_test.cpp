@@ -27,6 +27,17 @@ int64_t integer_of(const Cell& cell) {
   return std::get<int64_t>(cell);
 }
 
+// The summary entry `name` of `result`; a failure, and an empty cell, when there is none.
+Cell summary_of(const SuiteResult& result, const std::string& name) {
+  const auto it = std::find_if(result.summary.begin(), result.summary.end(),
+                               [&](const auto& entry) { return entry.first == name; });
+  if (it == result.summary.end()) {
+    ADD_FAILURE() << "no summary entry '" << name << "'";
+    return {};
+  }
+  return it->second;
+}
+
 TEST_F(SuitesTest, MatmulRunsTinySizesOnTheCpu) {
   std::string progress;
   const SuiteResult result = bench_matmul(SuiteOptions().devices({cpu()}).sizes({8, 16}).repeat(2).progress(
@@ -138,7 +149,7 @@ TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
   const SuiteResult echoed = bench_train(
       SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/echo").python_script(script));
   const std::string prefix = "PyTorch comparison left out: /bin/echo " + script + " failed (exit status 0): " + script +
-                              " --data random:4096:64:10 --hidden 256,256 --batch 4 --warmup ";
+                              " --data blobs:4096:64:10:0.5 --hidden 256,256 --batch 4 --warmup ";
   EXPECT_EQ(echoed.notes.back().rfind(prefix, 0), 0u) << echoed.notes.back();
   const SuiteResult missing =
       bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/nonexistent/python3"));
@@ -232,6 +243,11 @@ TEST_F(SuitesTest, OptimizersRunsPyTorchWithTheSameOptimizerWhenThereIsAPythonWi
   }
   EXPECT_EQ(result.notes.back().rfind("pytorch/slicing: the same MLP, optimizer and loss in PyTorch ", 0), 0u)
       << result.notes.back();
+  const std::string one_process = "its samples taken in turns with dkit's, each row's from one process (a process "
+                                  "may keep a speed of its own for its whole life)";
+  EXPECT_EQ(result.notes.back().substr(result.notes.back().size() - one_process.size()), one_process)
+      << result.notes.back();
+  EXPECT_EQ(integer_of(summary_of(result, "python_processes")), 1);
   const double fastest = std::get<double>(table.at(3, "min_ms")) / std::get<double>(table.at(0, "min_ms"));
   EXPECT_NE(result.notes.front().find("x PyTorch's samples/s (fastest samples " + format_fixed(fastest, 2) + "x)"),
             std::string::npos)
@@ -303,7 +319,7 @@ TEST_F(SuitesTest, PrecisionRunsPyTorchUnderAutocastWhenThereIsAPythonWithTorch)
     GTEST_SKIP() << "no /usr/bin/python3 with torch";
   }
   const SuiteResult result =
-      bench_precision(SuiteOptions().devices({cpu()}).sizes({8}).steps(2).repeat(1).python("/usr/bin/python3"));
+      bench_precision(SuiteOptions().devices({cpu()}).sizes({8}).steps(2).repeat(2).python("/usr/bin/python3"));
   const ResultTable& table = result.table;
   ASSERT_GE(table.rows().size(), 6u);
   EXPECT_EQ(text_of(table.at(2, "variant")), "pytorch");
@@ -316,6 +332,13 @@ TEST_F(SuitesTest, PrecisionRunsPyTorchUnderAutocastWhenThereIsAPythonWithTorch)
             std::get<double>(table.at(2, "median_ms")) / std::get<double>(table.at(5, "median_ms")));
   EXPECT_NE(result.notes.front().find("x fp32's samples/s in dkit, "), std::string::npos) << result.notes.front();
   EXPECT_EQ(result.notes.back().rfind("pytorch: the same MLP, Adam and loss in PyTorch ", 0), 0u)
+      << result.notes.back();
+  // Two samples a row, each from a process of its own: both processes of every PyTorch row answered.
+  EXPECT_EQ(integer_of(table.at(5, "repeat")), 2);
+  EXPECT_EQ(integer_of(summary_of(result, "python_processes")), 2);
+  const std::string two_processes = "its samples taken in turns with dkit's, each row's from 2 processes in rotation "
+                                    "(a process may keep a speed of its own for its whole life)";
+  EXPECT_EQ(result.notes.back().substr(result.notes.back().size() - two_processes.size()), two_processes)
       << result.notes.back();
 }
 
