@@ -516,30 +516,33 @@ double PythonServer::time_steps(int64_t steps) {
 
 PythonServers::PythonServers(const std::string& python, const std::string& script,
                              const std::vector<std::string>& arguments, int64_t processes) {
-  for (int64_t i = 0; i < processes && error_.empty(); ++i) {
+  TORCH_INTERNAL_ASSERT(processes >= 1, "PythonServers needs a process, got ", processes);
+  do {
     servers_.push_back(std::make_unique<PythonServer>(python, script, arguments));
-    error_ = servers_.back()->error();
-  }
+  } while (static_cast<int64_t>(servers_.size()) < processes && error().empty());
   answered_.assign(servers_.size(), false);
 }
 
 const std::string& PythonServers::error() const {
-  return error_;
+  for (const auto& server : servers_) {
+    if (!server->error().empty()) {
+      return server->error();
+    }
+  }
+  return servers_.front()->error();
 }
 
 const std::string& PythonServers::torch_version() const {
-  static const std::string none;
-  return servers_.empty() ? none : servers_.front()->torch_version();
+  return servers_.front()->torch_version();
 }
 
 double PythonServers::time_steps(int64_t steps) {
-  if (!error_.empty() || servers_.empty()) {
+  if (!error().empty()) {
     return std::nan("");
   }
   PythonServer& server = *servers_[next_];
   const double seconds = server.time_steps(steps);
-  error_ = server.error();
-  if (error_.empty()) {
+  if (server.error().empty()) {
     answered_[next_] = true;
   }
   next_ = (next_ + 1) % servers_.size();

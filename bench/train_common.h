@@ -216,16 +216,16 @@ class PythonServer {
 };
 
 /// How many PyTorch processes the samples of one row come from, at most, where a suite takes them in turns with
-/// dkit's: on some machines a process keeps a speed of its own for its whole life (docs/benchmarks.md, "PyTorch's
-/// speed from one process to the next"), so the samples of one process would be a single draw of that speed.
+/// dkit's: on some machines a process keeps a speed of its own for its whole life (docs/benchmarks.md, "PyTorch on
+/// the same data, and from several processes"), so the samples of one process would be a single draw of that speed.
 inline constexpr int64_t kPythonProcesses = 3;
 
 /// Several PythonServer processes of the same arguments, each warmed up, that answer in rotation: time_steps()
 /// asks the next one.
 class PythonServers {
  public:
-  /// Starts `processes` PythonServers of `script` with `python` and `arguments`, one after another; stops at the
-  /// first that fails, and error() says why.
+  /// Starts `processes` (at least 1) PythonServers of `script` with `python` and `arguments`, one after another;
+  /// stops at the first that fails, and error() says why.
   PythonServers(const std::string& python, const std::string& script, const std::vector<std::string>& arguments,
                 int64_t processes);
 
@@ -243,7 +243,6 @@ class PythonServers {
   std::vector<std::unique_ptr<PythonServer>> servers_;
   std::vector<bool> answered_;
   size_t next_ = 0;
-  std::string error_;
 };
 
 /// The PyTorch processes of a suite's rows: how many PythonServers each row starts (kPythonProcesses, or as many as
