@@ -23,8 +23,6 @@ using detail::TimedVariant;
 using detail::TrainRunner;
 
 constexpr const char* kLimit = "matmul-limit";
-// PyTorch's untimed steps before its first sample, as dkit's variants take 10 and then calibrate.
-constexpr int64_t kPythonWarmup = 100;
 
 } // namespace
 
@@ -67,7 +65,7 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
         if (python_skipped.empty()) {
           report_progress(options, "optimizers: " + where + " PyTorch (" + python + ")");
           std::vector<std::string> arguments =
-              detail::python_arguments(device, batch, samples, /*warmup=*/kPythonWarmup, "slicing");
+              detail::python_arguments(device, batch, samples, detail::python_warmup(batch), "slicing");
           const std::vector<std::string> optimizer_arguments = optimizer.python_arguments();
           arguments.insert(arguments.end(), optimizer_arguments.begin(), optimizer_arguments.end());
           server = std::make_shared<PythonServers>(python, script, arguments, python_rotation.processes());
@@ -142,7 +140,7 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
     result.notes.push_back("pytorch/slicing: the same MLP, optimizer and loss in PyTorch " + torch_python_version +
                            " eager (" + python + " " + script + " --serve), " + std::to_string(threads) +
                            " thread(s): its faster loop (tensor slicing of device-resident data, loss.item() each "
-                           "step), after " + std::to_string(kPythonWarmup) + " warm-up steps, its samples taken in "
+                           "step), after " + detail::python_warmup_words() + ", its samples taken in "
                            "turns with dkit's, " + python_rotation.words());
   } else {
     result.notes.push_back("PyTorch comparison " + python_skipped);

@@ -23,7 +23,6 @@ using detail::PythonServers;
 using detail::TimedVariant;
 using detail::TrainRunner;
 
-constexpr int64_t kPrecisionPythonWarmup = 100;
 constexpr const char* kPrecisionOptimizer = "adam";
 
 // The flags of /proc/cpuinfo that bfloat16 and float16 kernels may use, and whether this CPU lists each.
@@ -102,7 +101,7 @@ SuiteResult bench_precision(const SuiteOptions& options) {
           report_progress(options, "precision: " + where + " " + to_string(precision) + " PyTorch (" +
                                        setup.python.python + ")");
           std::vector<std::string> arguments = detail::python_arguments(device, batch, setup.samples,
-                                                                        kPrecisionPythonWarmup, "slicing");
+                                                                        detail::python_warmup(batch), "slicing");
           const std::vector<std::string> optimizer_arguments = optimizer.python_arguments();
           arguments.insert(arguments.end(), optimizer_arguments.begin(), optimizer_arguments.end());
           arguments.insert(arguments.end(), {"--precision", to_string(precision)});
@@ -196,8 +195,8 @@ SuiteResult bench_precision(const SuiteOptions& options) {
                            setup.python.python + " " + setup.python.script + " --serve --precision P), " +
                            std::to_string(threads) + " thread(s), its forward pass and loss under torch.autocast "
                            "for bf16 and fp16 (fp16 with a GradScaler), tensor slicing of device-resident data, "
-                           "loss.item() each step, after " + std::to_string(kPrecisionPythonWarmup) +
-                           " warm-up steps, its samples taken in turns with dkit's, " + python_rotation.words());
+                           "loss.item() each step, after " + detail::python_warmup_words() +
+                           ", its samples taken in turns with dkit's, " + python_rotation.words());
   } else {
     result.notes.push_back("PyTorch comparison " + python_skipped);
   }

@@ -17,86 +17,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <sstream>
 
 namespace dkit::bench::detail {
 namespace {
 
-// What a child process wrote to its stdout and stderr, and how it ended; `error` says why it did not start.
-struct ChildOutput {
-  std::string text;
-  int status = 0;
-  std::string error;
-};
-
-// Runs `args` (args[0] looked up in the PATH as by execvp) with its stdout and stderr into one pipe, and waits
-// for it to end.
-ChildOutput run_child(const std::vector<std::string>& args) {
-  ChildOutput out;
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    out.error = std::strerror(errno);
-    return out;
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-  std::vector<char*> argv;
-  for (const auto& arg : args) {
-    argv.push_back(const_cast<char*>(arg.c_str()));
-  }
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (spawned != 0) {
-    close(fds[0]);
-    out.error = std::strerror(spawned);
-    return out;
-  }
-  char buffer[4096];
-  for (;;) {
-    const ssize_t count = read(fds[0], buffer, sizeof(buffer));
-    if (count > 0) {
-      out.text.append(buffer, static_cast<size_t>(count));
-    } else if (count == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  close(fds[0]);
-  while (waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
-  }
-  return out;
-}
-
-// One loop's result from a line that mlp_train.py prints ({"loop": ..., "steps": ..., "runs_seconds": [...], ...}),
-// or nothing when the line is not one.
-std::optional<PythonLoop> parse_loop(const std::string& line, std::string& torch_version) {
-  const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object()) {
-    return std::nullopt;
-  }
-  try {
-    PythonLoop loop;
-    loop.loop = json.value("loop", "");
-    loop.steps = json.value("steps", int64_t{0});
-    auto runs = json.value("runs_seconds", std::vector<double>{});
-    if (runs.empty() || loop.steps <= 0) {
-      return std::nullopt;
-    }
-    for (double& seconds : runs) {
-      seconds /= static_cast<double>(loop.steps);
-    }
-    loop.per_step = summarize(runs);
-    loop.samples_per_second = json.value("samples_per_second", 0.0);
-    torch_version = json.value("torch", "");
-    return loop;
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;
-  }
-}
+constexpr int64_t kPythonWarmupSteps = 100;
+constexpr int64_t kPythonWarmupSamples = 25600;
+constexpr int64_t kPythonWarmupFewest = 10;
 
 std::string default_python() {
   return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
@@ -389,42 +316,13 @@ std::vector<std::string> python_arguments(const Device& device, int64_t batch, i
           "--threads", std::to_string(at::get_num_threads()), "--device", device.str(), "--loops", loops};
 }
 
-PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
-                     int64_t samples, int64_t steps, int64_t warmup, int64_t repeat, const std::string& loops,
-                     const std::vector<std::string>& extra) {
-  PythonRun run;
-  std::vector<std::string> args = {python, script};
-  for (auto& arg : python_arguments(device, batch, samples, warmup, loops)) {
-    args.push_back(std::move(arg));
-  }
-  args.insert(args.end(), {"--steps", std::to_string(steps), "--repeat", std::to_string(repeat)});
-  args.insert(args.end(), extra.begin(), extra.end());
-  const ChildOutput child = run_child(args);
-  if (!child.error.empty()) {
-    run.error = "cannot run " + python + ": " + child.error;
-    return run;
-  }
-  std::istringstream lines(child.text);
-  std::string last_other;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("{", 0) != 0) {
-      if (!line.empty()) {
-        last_other = line;
-      }
-      continue;
-    }
-    if (auto loop = parse_loop(line, run.torch_version)) {
-      run.loops.push_back(std::move(*loop));
-    }
-  }
-  const int status = child.status;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || run.loops.empty()) {
-    run.error = python + " " + script + " failed" +
-                (WIFEXITED(status) ? " (exit status " + std::to_string(WEXITSTATUS(status)) + ")" : "") +
-                (last_other.empty() ? "" : ": " + last_other);
-    run.loops.clear();
-  }
-  return run;
+int64_t python_warmup(int64_t batch) {
+  return std::clamp<int64_t>(kPythonWarmupSamples / batch, kPythonWarmupFewest, kPythonWarmupSteps);
+}
+
+std::string python_warmup_words() {
+  return std::to_string(kPythonWarmupSteps) + " warm-up steps (" + std::to_string(kPythonWarmupSamples) +
+         " samples at larger batches, at least " + std::to_string(kPythonWarmupFewest) + " steps)";
 }
 
 PythonServer::PythonServer(const std::string& python, const std::string& script,
@@ -468,11 +366,13 @@ PythonServer::PythonServer(const std::string& python, const std::string& script,
   }
   pid_ = pid;
   const auto json = nlohmann::json::parse(read_json_line(), nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object() || !json.value("ready", false)) {
+  if (!json.is_object() || !json.contains("ready") || json.at("ready") != true) {
     fail(python + " " + script + " --serve did not start" + (last_other_.empty() ? "" : ": " + last_other_));
     return;
   }
-  torch_version_ = json.value("torch", "");
+  if (const auto* torch = json.contains("torch") ? json.at("torch").get_ptr<const std::string*>() : nullptr) {
+    torch_version_ = *torch;
+  }
 }
 
 PythonServer::~PythonServer() {

@@ -158,28 +158,6 @@ struct TimedVariant {
 void time_in_turns(std::vector<TimedVariant>& variants, const Device& device, int64_t steps, int64_t repeat,
                    double min_sample_seconds);
 
-/// One loop's result from mlp_train.py.
-struct PythonLoop {
-  /// `slicing` or `dataloader`.
-  std::string loop;
-  /// Steps per timed run.
-  int64_t steps = 0;
-  /// Seconds per step over the runs.
-  Stats per_step;
-  /// Samples per second of the median run.
-  double samples_per_second = 0;
-};
-
-/// What one run of mlp_train.py gave.
-struct PythonRun {
-  /// Each loop's result; empty when the run failed.
-  std::vector<PythonLoop> loops;
-  /// PyTorch's version as the script printed it.
-  std::string torch_version;
-  /// Why the run failed; empty when it did not.
-  std::string error;
-};
-
 /// mlp_train.py in `--serve` mode: a PyTorch process, warmed up, that times runs of the steps it is asked for, so
 /// that its samples can be taken in turns with dkit's (TimedVariant::timed).
 class PythonServer {
@@ -219,6 +197,14 @@ class PythonServer {
 /// dkit's: on some machines a process keeps a speed of its own for its whole life (docs/benchmarks.md, "PyTorch on
 /// the same data, and from several processes"), so the samples of one process would be a single draw of that speed.
 inline constexpr int64_t kPythonProcesses = 3;
+
+/// PyTorch's untimed steps in each process before a row's first sample at `batch` rows (dkit's variants take 10,
+/// then calibrate): a fixed count, fewer at batches where that many would pass a fixed count of samples, never
+/// under 10; python_warmup_words() names the counts.
+int64_t python_warmup(int64_t batch);
+
+/// How the notes say python_warmup(), with its counts: `N warm-up steps (M samples at larger batches, ...)`.
+std::string python_warmup_words();
 
 /// Several PythonServer processes of the same arguments, each warmed up, that answer in rotation: time_steps()
 /// asks the next one.
@@ -309,11 +295,5 @@ SyntheticOptions suite_data(int64_t samples);
 /// `quick`).
 TrainSuiteSetup train_suite_setup(const SuiteOptions& options, std::vector<int64_t> defaults,
                                   std::vector<int64_t> quick_defaults);
-
-/// Runs `script` with `python` on suite_data(`samples`)'s recipe at `batch`, `steps` steps per timed run after
-/// `warmup`, `repeat` runs, for `loops` (`slicing,dataloader`), with `extra` arguments (an optimizer's).
-PythonRun run_python(const std::string& python, const std::string& script, const Device& device, int64_t batch,
-                     int64_t samples, int64_t steps, int64_t warmup, int64_t repeat, const std::string& loops,
-                     const std::vector<std::string>& extra = {});
 
 } // namespace dkit::bench::detail

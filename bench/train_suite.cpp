@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 namespace dkit::bench {
 namespace {
@@ -19,10 +20,14 @@ using detail::kClasses;
 using detail::kFeatures;
 using detail::kLogEvery;
 using detail::parameter_count;
-using detail::PythonRun;
+using detail::PythonServers;
 using detail::TimedVariant;
 using detail::TrainRunner;
 using detail::weight_products;
+
+// PyTorch's two loops (mlp_train.py --loops) and the data each reads.
+constexpr std::pair<const char*, const char*> kPythonLoops[] = {{"slicing", "device-resident"},
+                                                                 {"dataloader", "DataLoader(TensorDataset)"}};
 
 // Adam's arithmetic per parameter element, counting a square root and a division as one operation each.
 constexpr double kAdamFlopsPerParameter = 13.0;
@@ -47,6 +52,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
   const std::string& script = setup.python.script;
   std::string python_skipped = setup.python.skipped;
   std::string torch_python_version;
+  detail::PythonRotation python_rotation(repeat);
 
   ResultTable table("train", {{"device"}, {"batch", ColumnKind::kInteger}, {"variant"}, {"data"},
                               {"steps", ColumnKind::kInteger}, {"repeat", ColumnKind::kInteger},
@@ -80,27 +86,50 @@ SuiteResult bench_train(const SuiteOptions& options) {
         add("graph/device", "device-resident", Placement::kDevice, true);
       }
 #endif
-      detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
-
-      PythonRun py;
+      const size_t dkit_variants = variants.size();
+      std::vector<std::shared_ptr<PythonServers>> servers;
       if (python_skipped.empty()) {
         report_progress(options,
                         "train: " + device.str() + " batch " + std::to_string(batch) + " PyTorch (" + python + ")");
-        const int64_t steps = std::max<int64_t>(variants.front().iterations, 3);
-        py = detail::run_python(python, script, device, batch, samples, steps, /*warmup=*/std::max<int64_t>(steps, 10),
-                        repeat, "slicing,dataloader");
-        if (!py.error.empty()) {
-          python_skipped = "left out: " + py.error;
-        } else {
-          torch_python_version = py.torch_version;
+        for (const auto& [loop, what] : kPythonLoops) {
+          auto server = std::make_shared<PythonServers>(
+              python, script, detail::python_arguments(device, batch, samples, detail::python_warmup(batch), loop),
+              python_rotation.processes());
+          if (!server->error().empty()) {
+            python_skipped = "left out: " + server->error();
+            break;
+          }
+          torch_python_version = server->torch_version();
+          servers.push_back(server);
+          variants.emplace_back(std::string("pytorch/") + loop,
+                                [server](int64_t steps) { return server->time_steps(steps); });
+          variants.back().data = what;
         }
+      }
+      const auto leave_out_python = [&] {
+        servers.clear();
+        variants.erase(variants.begin() + static_cast<std::ptrdiff_t>(dkit_variants), variants.end());
+      };
+      if (!python_skipped.empty()) {
+        leave_out_python();
+      }
+      detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
+      for (const auto& server : servers) {
+        if (!server->error().empty()) {
+          python_skipped = "left out: " + server->error();
+        }
+      }
+      if (!python_skipped.empty()) {
+        leave_out_python();
       }
       double best_python = 0;
       std::string best_loop;
-      for (const auto& loop : py.loops) {
-        if (loop.samples_per_second > best_python) {
-          best_python = loop.samples_per_second;
-          best_loop = loop.loop;
+      for (size_t i = 0; i < servers.size(); ++i) {
+        python_rotation.add(*servers[i]);
+        const double rate = static_cast<double>(batch) / summarize(variants[dkit_variants + i].samples).median;
+        if (rate > best_python) {
+          best_python = rate;
+          best_loop = kPythonLoops[i].first;
         }
       }
       const std::string key = device.str() + ".b=" + std::to_string(batch);
@@ -125,10 +154,6 @@ SuiteResult bench_train(const SuiteOptions& options) {
           best_variant = variant.name;
         }
       }
-      for (const auto& loop : py.loops) {
-        add_row("pytorch/" + loop.loop, loop.loop == "slicing" ? "device-resident" : "DataLoader(TensorDataset)",
-                loop.steps, loop.per_step, loop.samples_per_second);
-      }
       if (best_python > 0) {
         result.summary.emplace_back("vs_pytorch." + key, best_dkit / best_python);
         result.notes.push_back(device.str() + " batch " + std::to_string(batch) + ": dkit " + best_variant + " " +
@@ -136,7 +161,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
                                "x PyTorch's faster loop (" + best_loop + ", " + format_rate(best_python) +
                                " samples/s)");
       }
-      if (device.is_cuda() && variants.size() > 3) {
+      if (device.is_cuda() && dkit_variants > 3) {
         const double eager = static_cast<double>(batch) / summarize(variants[0].samples).median;
         const double graph = static_cast<double>(batch) / summarize(variants[3].samples).median;
         result.summary.emplace_back("graph_vs_eager." + key, graph / eager);
@@ -157,10 +182,12 @@ SuiteResult bench_train(const SuiteOptions& options) {
                            "thread, and that fallback is what the row measures");
   }
   if (python_skipped.empty()) {
+    python_rotation.summarize(result);
     result.notes.push_back("pytorch/*: the same MLP, optimizer and loss in PyTorch " + torch_python_version + " (" +
-                           python + " " + script + "), " + std::to_string(threads) +
-                           " thread(s), after its own warm-up; its timed runs are whole loops of `steps` steps, "
-                           "each with loss.item() as PyTorch's tutorials write it");
+                           python + " " + script + " --serve --loops L), " + std::to_string(threads) +
+                           " thread(s), each loop in processes of its own, each step with loss.item() as PyTorch's "
+                           "tutorials write it, after " + detail::python_warmup_words() +
+                           ", its samples taken in turns with dkit's, " + python_rotation.words());
   } else {
     result.notes.push_back("PyTorch comparison " + python_skipped);
   }

@@ -139,7 +139,7 @@ TEST_F(SuitesTest, TrainSaysWhyThePyTorchSideIsMissing) {
       bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/false"));
   EXPECT_EQ(failing.table.rows().size(), 3u);
   EXPECT_EQ(failing.notes.back().rfind("PyTorch comparison left out: /bin/false ", 0), 0u) << failing.notes.back();
-  EXPECT_NE(failing.notes.back().find("failed (exit status 1)"), std::string::npos) << failing.notes.back();
+  EXPECT_NE(failing.notes.back().find(" --serve did not start"), std::string::npos) << failing.notes.back();
 }
 
 TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
@@ -148,9 +148,14 @@ TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
   std::ofstream(script) << "\n";
   const SuiteResult echoed = bench_train(
       SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/echo").python_script(script));
-  const std::string prefix = "PyTorch comparison left out: /bin/echo " + script + " failed (exit status 0): " + script +
-                              " --data blobs:4096:64:10:0.5 --hidden 256,256 --batch 4 --warmup ";
+  const std::string prefix = "PyTorch comparison left out: /bin/echo " + script + " --serve did not start: " +
+                             script + " --data blobs:4096:64:10:0.5 --hidden 256,256 --batch 4 --warmup 100 ";
   EXPECT_EQ(echoed.notes.back().rfind(prefix, 0), 0u) << echoed.notes.back();
+  const SuiteResult large = bench_train(
+      SuiteOptions().devices({cpu()}).sizes({2048}).steps(2).repeat(1).python("/bin/echo").python_script(script));
+  EXPECT_NE(large.notes.back().find(" --data blobs:8192:64:10:0.5 --hidden 256,256 --batch 2048 --warmup 12 "),
+            std::string::npos)
+      << large.notes.back();
   const SuiteResult missing =
       bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/nonexistent/python3"));
   EXPECT_EQ(missing.notes.back(),
@@ -166,12 +171,22 @@ TEST_F(SuitesTest, TrainRunsPyTorchBesideDkitWhenThereIsAPythonWithTorch) {
   const ResultTable& table = result.table;
   ASSERT_EQ(table.rows().size(), 5u);
   EXPECT_EQ(text_of(table.at(3, "variant")), "pytorch/slicing");
+  EXPECT_EQ(text_of(table.at(3, "data")), "device-resident");
   EXPECT_EQ(text_of(table.at(4, "variant")), "pytorch/dataloader");
+  EXPECT_EQ(text_of(table.at(4, "data")), "DataLoader(TensorDataset)");
   EXPECT_EQ(integer_of(table.at(3, "steps")), 3);
   EXPECT_EQ(integer_of(table.at(3, "repeat")), 2);
+  EXPECT_EQ(integer_of(table.at(4, "repeat")), 2);
   EXPECT_TRUE(std::holds_alternative<double>(table.at(0, "vs_pytorch")));
   EXPECT_TRUE(std::holds_alternative<double>(table.at(4, "samples_per_s")));
   EXPECT_EQ(result.notes.front().rfind("cpu batch 8: dkit eager/", 0), 0u) << result.notes.front();
+  EXPECT_EQ(integer_of(summary_of(result, "python_processes")), 2);
+  const std::string& note = result.notes.back();
+  EXPECT_EQ(note.rfind("pytorch/*: the same MLP, optimizer and loss in PyTorch ", 0), 0u) << note;
+  const std::string rotation = "after 100 warm-up steps (25600 samples at larger batches, at least 10 steps), its "
+                               "samples taken in turns with dkit's, each row's from 2 processes in rotation (a "
+                               "process may keep a speed of its own for its whole life)";
+  EXPECT_EQ(note.substr(note.size() - std::min(note.size(), rotation.size())), rotation) << note;
 }
 
 TEST_F(SuitesTest, OptimizersTimesEachFusedOptimizerAgainstLibTorchsAndTheMatmulLimit) {
