@@ -365,9 +365,19 @@ PythonServer::PythonServer(const std::string& python, const std::string& script,
     return;
   }
   pid_ = pid;
-  const auto json = nlohmann::json::parse(read_json_line(), nullptr, /*allow_exceptions=*/false);
+  const std::string line = read_json_line();
+  const auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object() || !json.contains("ready") || json.at("ready") != true) {
-    fail(python + " " + script + " --serve did not start" + (last_other_.empty() ? "" : ": " + last_other_));
+    std::string ended;
+    if (line.empty()) {
+      int status = 0;
+      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      pid_ = -1;
+      ended = WIFEXITED(status) ? " (exit status " + std::to_string(WEXITSTATUS(status)) + ")"
+                                : " (signal " + std::to_string(WTERMSIG(status)) + ")";
+    }
+    fail(python + " " + script + " --serve did not start" + ended + (last_other_.empty() ? "" : ": " + last_other_));
     return;
   }
   if (const auto* torch = json.contains("torch") ? json.at("torch").get_ptr<const std::string*>() : nullptr) {

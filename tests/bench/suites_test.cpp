@@ -139,7 +139,8 @@ TEST_F(SuitesTest, TrainSaysWhyThePyTorchSideIsMissing) {
       bench_train(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/false"));
   EXPECT_EQ(failing.table.rows().size(), 3u);
   EXPECT_EQ(failing.notes.back().rfind("PyTorch comparison left out: /bin/false ", 0), 0u) << failing.notes.back();
-  EXPECT_NE(failing.notes.back().find(" --serve did not start"), std::string::npos) << failing.notes.back();
+  EXPECT_NE(failing.notes.back().find(" --serve did not start (exit status 1)"), std::string::npos)
+      << failing.notes.back();
 }
 
 TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
@@ -148,8 +149,9 @@ TEST_F(SuitesTest, TrainRunsThePythonSideWithoutAShell) {
   std::ofstream(script) << "\n";
   const SuiteResult echoed = bench_train(
       SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/echo").python_script(script));
-  const std::string prefix = "PyTorch comparison left out: /bin/echo " + script + " --serve did not start: " +
-                             script + " --data blobs:4096:64:10:0.5 --hidden 256,256 --batch 4 --warmup 100 ";
+  const std::string prefix = "PyTorch comparison left out: /bin/echo " + script +
+                             " --serve did not start (exit status 0): " + script +
+                             " --data blobs:4096:64:10:0.5 --hidden 256,256 --batch 4 --warmup 100 ";
   EXPECT_EQ(echoed.notes.back().rfind(prefix, 0), 0u) << echoed.notes.back();
   const SuiteResult large = bench_train(
       SuiteOptions().devices({cpu()}).sizes({2048}).steps(2).repeat(1).python("/bin/echo").python_script(script));
@@ -239,7 +241,8 @@ TEST_F(SuitesTest, OptimizersSaysWhyThePyTorchSideIsMissing) {
       bench_optimizers(SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python("/bin/false"));
   EXPECT_EQ(result.table.rows().size(), 5u * 3u);
   EXPECT_EQ(result.notes.back().rfind("PyTorch comparison left out: /bin/false ", 0), 0u) << result.notes.back();
-  EXPECT_NE(result.notes.back().find(" --serve did not start"), std::string::npos) << result.notes.back();
+  EXPECT_NE(result.notes.back().find(" --serve did not start (exit status 1)"), std::string::npos)
+      << result.notes.back();
 }
 
 TEST_F(SuitesTest, OptimizersRunsPyTorchWithTheSameOptimizerWhenThereIsAPythonWithTorch) {
