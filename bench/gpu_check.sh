@@ -155,7 +155,8 @@ for tool in memcheck racecheck; do
 done
 
 # The GPU's ceilings as PyTorch reaches them, then dkit's benchmarks with PyTorch beside them, back to back (last:
-# docs/benchmarks.md has a full set from 2026-11-26).
+# docs/benchmarks.md has a full set from 2026-11-26). The training suites' limits allow for PyTorch's processes, up to
+# three per row, each a few seconds to start.
 step peaks 60 '"$python" bench/python/gpu_check.py peaks'
 bench() { # SUITE SECONDS ARGS...
   local suite=$1 limit=$2
@@ -163,9 +164,9 @@ bench() { # SUITE SECONDS ARGS...
   step "bench_$suite" "$limit" "\"\$dkit\" bench $suite --device cuda --python \"\$python\" --csv \"\$runs/bench_$suite.csv\" --json \"\$runs/bench_$suite.json\" $*"
 }
 bench matmul 60 --sizes 1000,4096,8192 --quick
-bench train 120 --sizes 64,256,4096 --quick
-bench optimizers 150 --sizes 64,256,4096 --quick
-bench precision 90 --sizes 64,256,4096 --quick
+bench train 150 --sizes 64,256,4096 --quick
+bench optimizers 240 --sizes 64,256,4096 --quick
+bench precision 150 --sizes 64,256,4096 --quick
 bench transfer 60 --quick
 bench logging 60 --quick
 step compile 120 'for mode in "" reduce-overhead; do
