@@ -75,13 +75,11 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
           }
         }
         detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
-        if (server && !server->error().empty()) {
-          python_skipped = "left out: " + server->error();
-          if (variants.size() > 3) {
+        if (server) {
+          python_rotation.add(*server, python_skipped);
+          if (!server->error().empty() && variants.size() > 3) {
             variants.pop_back();
           }
-        } else if (server) {
-          python_rotation.add(*server);
         }
 
         const Stats limit_stats = summarize(variants[2].samples);

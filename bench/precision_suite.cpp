@@ -121,11 +121,7 @@ SuiteResult bench_precision(const SuiteOptions& options) {
       }
       detail::time_in_turns(variants, device, options.steps(), setup.repeat, setup.min_sample_seconds);
       for (const auto& server : servers) {
-        if (!server->error().empty()) {
-          python_skipped = "left out: " + server->error();
-        } else {
-          python_rotation.add(*server);
-        }
+        python_rotation.add(*server, python_skipped);
       }
 
       std::vector<Stats> stats;

@@ -469,7 +469,11 @@ int64_t PythonRotation::processes() const {
   return processes_;
 }
 
-void PythonRotation::add(const PythonServers& servers) {
+void PythonRotation::add(const PythonServers& servers, std::string& skipped) {
+  if (!servers.error().empty()) {
+    skipped = "left out: " + servers.error();
+    return;
+  }
   fewest_ = std::min(fewest_.value_or(servers.processes_answered()), servers.processes_answered());
 }
 

@@ -240,8 +240,9 @@ class PythonRotation {
 
   /// How many processes a row starts.
   int64_t processes() const;
-  /// Counts the processes of a row's `servers` that answered.
-  void add(const PythonServers& servers);
+  /// Counts the processes of a row's `servers` that answered, after its samples; where one of them failed, sets
+  /// `skipped` to `left out: ` and why instead.
+  void add(const PythonServers& servers, std::string& skipped);
   /// Adds `python_processes` to `result`'s summary: the fewest processes that answered in a row (none before add()).
   void summarize(SuiteResult& result) const;
   /// How the notes say it: `each row's from N processes in rotation (...)`, or `from one process (...)`.

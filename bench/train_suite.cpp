@@ -91,41 +91,36 @@ SuiteResult bench_train(const SuiteOptions& options) {
       if (python_skipped.empty()) {
         report_progress(options,
                         "train: " + device.str() + " batch " + std::to_string(batch) + " PyTorch (" + python + ")");
-        for (const auto& [loop, what] : kPythonLoops) {
+        for (const auto& loop : kPythonLoops) {
           auto server = std::make_shared<PythonServers>(
-              python, script, detail::python_arguments(device, batch, samples, detail::python_warmup(batch), loop),
+              python, script,
+              detail::python_arguments(device, batch, samples, detail::python_warmup(batch), loop.first),
               python_rotation.processes());
           if (!server->error().empty()) {
             python_skipped = "left out: " + server->error();
+            servers.clear();
             break;
           }
-          torch_python_version = server->torch_version();
           servers.push_back(server);
-          variants.emplace_back(std::string("pytorch/") + loop,
-                                [server](int64_t steps) { return server->time_steps(steps); });
-          variants.back().data = what;
         }
-      }
-      const auto leave_out_python = [&] {
-        servers.clear();
-        variants.erase(variants.begin() + static_cast<std::ptrdiff_t>(dkit_variants), variants.end());
-      };
-      if (!python_skipped.empty()) {
-        leave_out_python();
+        for (size_t i = 0; i < servers.size(); ++i) {
+          torch_python_version = servers[i]->torch_version();
+          variants.emplace_back(std::string("pytorch/") + kPythonLoops[i].first,
+                                [server = servers[i]](int64_t steps) { return server->time_steps(steps); });
+          variants.back().data = kPythonLoops[i].second;
+        }
       }
       detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
       for (const auto& server : servers) {
-        if (!server->error().empty()) {
-          python_skipped = "left out: " + server->error();
-        }
+        python_rotation.add(*server, python_skipped);
       }
       if (!python_skipped.empty()) {
-        leave_out_python();
+        servers.clear();
+        variants.erase(variants.begin() + static_cast<std::ptrdiff_t>(dkit_variants), variants.end());
       }
       double best_python = 0;
       std::string best_loop;
       for (size_t i = 0; i < servers.size(); ++i) {
-        python_rotation.add(*servers[i]);
         const double rate = static_cast<double>(batch) / summarize(variants[dkit_variants + i].samples).median;
         if (rate > best_python) {
           best_python = rate;
