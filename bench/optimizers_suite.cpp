@@ -76,7 +76,7 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
         }
         detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
         if (server) {
-          python_rotation.add(*server, python_skipped);
+          python_rotation.add({server}, python_skipped);
           if (!server->error().empty() && variants.size() > 3) {
             variants.pop_back();
           }

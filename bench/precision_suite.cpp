@@ -120,9 +120,7 @@ SuiteResult bench_precision(const SuiteOptions& options) {
         }
       }
       detail::time_in_turns(variants, device, options.steps(), setup.repeat, setup.min_sample_seconds);
-      for (const auto& server : servers) {
-        python_rotation.add(*server, python_skipped);
-      }
+      python_rotation.add(servers, python_skipped);
 
       std::vector<Stats> stats;
       std::map<std::pair<Precision, std::string>, double> seconds;

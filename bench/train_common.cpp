@@ -469,12 +469,20 @@ int64_t PythonRotation::processes() const {
   return processes_;
 }
 
-void PythonRotation::add(const PythonServers& servers, std::string& skipped) {
-  if (!servers.error().empty()) {
-    skipped = "left out: " + servers.error();
+void PythonRotation::add(const std::vector<std::shared_ptr<PythonServers>>& servers, std::string& skipped) {
+  bool failed = false;
+  for (const auto& server : servers) {
+    if (!server->error().empty()) {
+      skipped = "left out: " + server->error();
+      failed = true;
+    }
+  }
+  if (failed) {
     return;
   }
-  fewest_ = std::min(fewest_.value_or(servers.processes_answered()), servers.processes_answered());
+  for (const auto& server : servers) {
+    fewest_ = std::min(fewest_.value_or(server->processes_answered()), server->processes_answered());
+  }
 }
 
 void PythonRotation::summarize(SuiteResult& result) const {

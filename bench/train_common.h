@@ -240,9 +240,10 @@ class PythonRotation {
 
   /// How many processes a row starts.
   int64_t processes() const;
-  /// Counts the processes of a row's `servers` that answered, after its samples; where one of them failed, sets
-  /// `skipped` to `left out: ` and why instead.
-  void add(const PythonServers& servers, std::string& skipped);
+  /// After a batch size's samples: where one of its `servers` failed, sets `skipped` to `left out: ` and why (the
+  /// suites then leave out that batch size's PyTorch rows, so none of its processes is counted); otherwise counts
+  /// the processes of each that answered.
+  void add(const std::vector<std::shared_ptr<PythonServers>>& servers, std::string& skipped);
   /// Adds `python_processes` to `result`'s summary: the fewest processes that answered in a row (none before add()).
   void summarize(SuiteResult& result) const;
   /// How the notes say it: `each row's from N processes in rotation (...)`, or `from one process (...)`.

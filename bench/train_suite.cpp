@@ -111,9 +111,7 @@ SuiteResult bench_train(const SuiteOptions& options) {
         }
       }
       detail::time_in_turns(variants, device, options.steps(), repeat, min_sample_seconds);
-      for (const auto& server : servers) {
-        python_rotation.add(*server, python_skipped);
-      }
+      python_rotation.add(servers, python_skipped);
       if (!python_skipped.empty()) {
         servers.clear();
         variants.erase(variants.begin() + static_cast<std::ptrdiff_t>(dkit_variants), variants.end());
