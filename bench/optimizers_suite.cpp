@@ -154,8 +154,7 @@ SuiteResult bench_optimizers(const SuiteOptions& options) {
       }() +
       ", " + std::to_string(threads) + " CPU thread(s): dkit = dkit::TrainStep with dkit's fused optimizer "
       "(FusedSGD, FusedAdam, FusedAdamW) on device-resident batches from dkit::Loader, metrics on the device "
-      "flushed every " + std::to_string(detail::kLogEvery) + " steps, as dkit train runs it (on 2 threads and at most " +
-      std::to_string(kBesideRows) + " rows, its backward pass beside the optimizer's updates); "
+      "flushed every " + std::to_string(detail::kLogEvery) + " steps, as dkit train runs it; "
       "dkit/libtorch-optimizer = the same with LibTorch's own optimizer; " + kLimit + " = the step's matrix "
       "products alone, one after another, at the same shapes and layouts (per layer the forward product, the "
       "weight gradient and, but for the first layer, the input gradient); samples of `steps` steps taken in "

@@ -90,8 +90,8 @@ std::vector<Capability> build_capabilities() {
                               ? "this LibTorch has no c10d NCCL backend, or nccl.h was missing"
                               : "needs a CUDA LibTorch"});
   capabilities.push_back({"openmp", DKIT_WITH_OPENMP == 1,
-                          DKIT_WITH_OPENMP ? "dkit's own kernels (the fused optimizers' updates, TrainStep's backward beside "
-                                             "them) run on LibTorch's intra-op threads"
+                          DKIT_WITH_OPENMP ? "dkit's own kernels (the fused optimizers' updates) run on LibTorch's intra-op "
+                                             "threads"
                                            : "dkit's own kernels run on one thread: LibTorch does not use OpenMP, "
                                              "the compiler is not GCC, or DKIT_OPENMP is OFF"});
   capabilities.push_back({"data_parallel", data_parallel_available(),

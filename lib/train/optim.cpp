@@ -3,7 +3,6 @@
 #include <dkit/core/compat.h>
 #include <dkit/device/report.h>
 #include <dkit/train/detail/optim_kernels.h>
-#include <dkit/train/detail/side_by_side.h>
 
 #include <torch/torch.h>
 
@@ -29,6 +28,9 @@ struct FusedStep::Slots {
 };
 
 namespace {
+
+// How many elements of a parameter one update block holds: large parameters are shared between threads by blocks.
+constexpr int64_t kUpdateBlock = 8192;
 
 using detail::AdamConstants;
 using detail::AdamSlot;
@@ -60,8 +62,8 @@ void run_slots(const std::vector<Slot>& slots, FusedKernel kernel) {
   std::vector<Block> blocks;
   int64_t total = 0;
   for (const Slot& slot : slots) {
-    for (int64_t begin = 0; begin < slot.numel; begin += detail::kUpdateBlock) {
-      blocks.push_back({&slot, begin, std::min(slot.numel, begin + detail::kUpdateBlock)});
+    for (int64_t begin = 0; begin < slot.numel; begin += kUpdateBlock) {
+      blocks.push_back({&slot, begin, std::min(slot.numel, begin + kUpdateBlock)});
     }
     total += slot.numel;
   }
@@ -77,7 +79,7 @@ void run_slots(const std::vector<Slot>& slots, FusedKernel kernel) {
     run(0, count);
     return;
   }
-  at::parallel_for(0, count, std::max<int64_t>(1, at::internal::GRAIN_SIZE / detail::kUpdateBlock), run);
+  at::parallel_for(0, count, std::max<int64_t>(1, at::internal::GRAIN_SIZE / kUpdateBlock), run);
 }
 
 bool eligible(const at::Tensor& tensor, const at::Tensor& like) {

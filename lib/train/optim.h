@@ -72,8 +72,7 @@ int kernel_threads();
 
 /// One step of FusedSGD, FusedAdam or FusedAdamW split into its parameters' updates, which may run in any order
 /// and on any threads, each element updated exactly once: then the parameters and the optimizer's state are
-/// bitwise what step() makes of them. dkit::TrainStep runs a layer's update as soon as its gradients are final,
-/// beside the rest of the backward pass. Made by FusedOptimizer::begin_step(). Example:
+/// bitwise what step() makes of them. Made by FusedOptimizer::begin_step(). Example:
 /// ```
 /// if (std::optional<dkit::FusedStep> step = optimizer.begin_step()) {
 ///   for (size_t i = 0; i < step->size(); ++i) {

@@ -4,7 +4,6 @@
 #include <dkit/core/error.h>
 #include <dkit/distributed/gradient_reducer.h>
 #include <dkit/train/detail/bernoulli.h>
-#include <dkit/train/detail/side_by_side.h>
 #include <dkit/train/optim.h>
 
 #include <torch/torch.h>
@@ -100,9 +99,8 @@ struct TrainStep::Direct {
   at::Tensor grad_logits;
   // nll_loss_backward's total_weight, which the sum reduction does not read.
   at::Tensor sum_total_weight;
-  // Views made once per batch shape, since making a view costs as much as a small operation: the loss's buffers
-  // for all rows and for each half, each layer's output gradient transposed, and each half of the first layer's
-  // weight gradient with the rows of that transpose it needs.
+  // The loss's buffers for all rows: views made once per batch shape, since making a view costs as much as a small
+  // operation.
   struct LossRows {
     int64_t begin = 0;
     int64_t count = 0;
@@ -112,22 +110,9 @@ struct TrainStep::Direct {
     at::Tensor grad_logits;
   };
   LossRows all_rows;
-  std::array<LossRows, 2> half_rows;
-  std::vector<at::Tensor> output_grads_t;
-  std::array<at::Tensor, 2> first_weight_grad_halves;
-  std::array<at::Tensor, 2> first_output_grad_t_halves;
   int64_t rows = -1;
-  // Where backward_beside() computes each layer's backward pass for batches of `plan_rows` rows: for each layer
-  // but the first, whether inside the parallel region (each of its products and its bias's sums on one thread),
-  // and for the first, how; each only where that gives the textbook step's bits (detail::splits_bitwise), outside
-  // the region, on all of LibTorch's threads, otherwise.
-  enum class FirstLayer { kRowHalves, kOneThread, kOutside };
-  std::vector<bool> layer_inside;
-  FirstLayer first_layer = FirstLayer::kOutside;
-  int64_t plan_rows = -1;
   at::Tensor seed_gradient;
   int64_t seed_samples = 0;
-  bool last_beside = false;
   // The reducer that sums the gradients over the ranks, and each layer's weight's and bias's positions in it.
   GradientReducer* reducer = nullptr;
   std::vector<int64_t> weight_slots;
@@ -226,45 +211,6 @@ struct TrainStep::Direct {
       return LossRows{begin, count, part(loss_logits()), part(log_probs), part(grad_log_probs), part(grad_logits)};
     };
     all_rows = loss_rows(0, n);
-    half_rows = {loss_rows(0, (n + 1) / 2), loss_rows((n + 1) / 2, n / 2)};
-    output_grads_t.clear();
-    for (size_t i = 0; i < weights.size(); ++i) {
-      output_grads_t.push_back(output_grad(i).t());
-    }
-    const int64_t width = weights.front().size(0);
-    const int64_t top = (width + 1) / 2;
-    first_weight_grad_halves = {weight_grads.front().narrow(0, 0, top),
-                                weight_grads.front().narrow(0, top, width - top)};
-    first_output_grad_t_halves = {output_grads_t.front().narrow(0, 0, top),
-                                  output_grads_t.front().narrow(0, top, width - top)};
-  }
-
-  void plan_for(int64_t n) {
-    if (n == plan_rows) {
-      return;
-    }
-    using detail::BackwardOp;
-    using detail::OpSplit;
-    using detail::splits_bitwise;
-    plan_rows = n;
-    layer_inside.assign(weights.size(), false);
-    for (size_t i = 1; i < weights.size(); ++i) {
-      const int64_t out = weights[i].size(0);
-      const int64_t in = weights[i].size(1);
-      layer_inside[i] = splits_bitwise(BackwardOp::kProduct, OpSplit::kOneThread, n, out, in) &&
-                        splits_bitwise(BackwardOp::kTransposedProduct, OpSplit::kOneThread, out, n, in) &&
-                        splits_bitwise(BackwardOp::kColumnSums, OpSplit::kOneThread, 1, n, out);
-    }
-    const int64_t out = weights.front().size(0);
-    const int64_t in = weights.front().size(1);
-    first_layer = FirstLayer::kOutside;
-    if (splits_bitwise(BackwardOp::kColumnSums, OpSplit::kOneThread, 1, n, out)) {
-      if (splits_bitwise(BackwardOp::kTransposedProduct, OpSplit::kRowHalves, out, n, in)) {
-        first_layer = FirstLayer::kRowHalves;
-      } else if (splits_bitwise(BackwardOp::kTransposedProduct, OpSplit::kOneThread, out, n, in)) {
-        first_layer = FirstLayer::kOneThread;
-      }
-    }
   }
 
   // The gradient with respect to layer `layer`'s output (before its activation).
@@ -359,18 +305,8 @@ struct TrainStep::Direct {
     }
   }
 
-  // Whether this step's backward pass runs beside the fused optimizer's updates: no reducer (the updates need the
-  // summed gradients), two intra-op threads, each taking one of a layer's two products, and a batch small enough
-  // that LibTorch's two threads in one product would spend more on handing work over than the product takes.
-  bool beside(int64_t batch_rows) const {
-    return DKIT_WITH_OPENMP && reducer == nullptr && !cast() && at::get_num_threads() == 2 &&
-           !at::in_parallel_region() && weights.front().device().is_cpu() && batch_rows > 0 &&
-           batch_rows <= kBesideRows;
-  }
-
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples,
-                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer, FusedOptimizer* fused,
-                 bool training) {
+                 std::vector<at::Tensor>& parameters, torch::optim::Optimizer& optimizer, bool training) {
     const at::NoGradGuard no_grad;
     const size_t layers = weights.size();
     TORCH_INTERNAL_ASSERT(parameters.size() == 2 * layers, "an Mlp has a weight and a bias per layer");
@@ -405,15 +341,6 @@ struct TrainStep::Direct {
     for (size_t i = 0; i < layers; ++i) {
       weights[i].mutable_grad() = weight_grads[i];
       biases[i].mutable_grad() = bias_grads[i];
-    }
-    std::optional<FusedStep> updates;
-    if (fused != nullptr && beside(features.size(0))) {
-      updates = fused->begin_step();
-    }
-    last_beside = updates.has_value();
-    if (updates) {
-      plan_for(features.size(0));
-      return backward_beside(*updates, features, labels);
     }
     loss_gradient(all_rows, labels);
     if (cast()) {
@@ -473,87 +400,6 @@ struct TrainStep::Direct {
     }
   }
 
-  // The same operations as loss_gradient() and backward() in one side-by-side run: the loss's gradient, half the
-  // rows on each thread; then for each layer from the last, one thread takes the input's gradient and the
-  // activation's backward, the other the weight's and bias's gradients (and, for the last layer, the step's
-  // outputs), and both share the update of the layer above, whose weight the first no longer reads. The first layer
-  // has no input gradient: each thread takes half the rows of its weight's gradient, the second its bias's too, and
-  // both share the second layer's update and then its own. A layer whose operations would round otherwise there
-  // (see plan_for()) runs them outside the region instead, as backward() does; the first layer's weight gradient
-  // may also run whole on the first thread.
-  StepOutput backward_beside(const FusedStep& updates, const at::Tensor& features, const at::Tensor& labels) {
-    const size_t layers = weights.size();
-    std::vector<bool> in_layer(updates.size(), false);
-    const auto layer_blocks = [&](size_t layer, std::vector<detail::UpdateBlock>& blocks) {
-      for (const at::Tensor* parameter : {&weights[layer], &biases[layer]}) {
-        const int64_t index = updates.index_of(*parameter);
-        if (index >= 0) {
-          in_layer[static_cast<size_t>(index)] = true;
-          detail::append_update_blocks(updates, static_cast<size_t>(index), blocks);
-        }
-      }
-    };
-    StepOutput out;
-    const auto outputs = [&] {
-      out.loss_sum = loss_sum(labels);
-      out.correct = correct_count(pre.back(), labels);
-    };
-    std::vector<detail::SidePhase> phases;
-    phases.reserve(layers + 1);
-    detail::SidePhase loss_phase;
-    loss_phase.first = [&] { loss_gradient(half_rows[0], labels); };
-    loss_phase.second = [&] { loss_gradient(half_rows[1], labels); };
-    phases.push_back(std::move(loss_phase));
-    phases.resize(layers + 1);
-    for (size_t i = layers; i-- > 1;) {
-      detail::SidePhase& phase = phases[layers - i];
-      phase.first = [this, i] {
-        at::mm_out(grad_post[i - 1], output_grad(i), weights[i]);
-        activation_backward(i - 1);
-      };
-      phase.second = [&, i] {
-        at::mm_out(weight_grads[i], output_grads_t[i], hidden_output(i - 1));
-        at::sum_out(bias_grads[i], output_grad(i), {0});
-        if (i + 1 == layers) {
-          outputs();
-        }
-      };
-      phase.outside = !layer_inside[i];
-      if (i + 1 < layers) {
-        layer_blocks(i + 1, phase.ready);
-      }
-    }
-    detail::SidePhase& last = phases.back();
-    if (layers > 1) {
-      layer_blocks(1, last.ready);
-    }
-    layer_blocks(0, last.after);
-    for (size_t index = 0; index < updates.size(); ++index) {
-      if (!in_layer[index]) {
-        detail::append_update_blocks(updates, index, last.ready);
-      }
-    }
-    const bool halves = first_layer == FirstLayer::kRowHalves;
-    last.outside = first_layer == FirstLayer::kOutside;
-    last.first = [&, halves] {
-      if (halves) {
-        at::mm_out(first_weight_grad_halves[0], first_output_grad_t_halves[0], features);
-      } else {
-        at::mm_out(weight_grads.front(), output_grads_t.front(), features);
-      }
-    };
-    last.second = [&, halves] {
-      if (halves && first_weight_grad_halves[1].size(0) > 0) {
-        at::mm_out(first_weight_grad_halves[1], first_output_grad_t_halves[1], features);
-      }
-      at::sum_out(bias_grads[0], output_grad(0), {0});
-      if (layers == 1) {
-        outputs();
-      }
-    };
-    detail::run_side_by_side(phases, updates);
-    return out;
-  }
 };
 
 // MlpOptions as Direct::supports knows it. A field added to MlpOptions changes its size and stops the build here
@@ -575,7 +421,6 @@ TrainStep::TrainStep(Mlp model, torch::optim::Optimizer& optimizer, TrainStepOpt
     : model_(std::move(model)),
       optimizer_(&optimizer),
       options_(std::move(options)),
-      fused_(dynamic_cast<FusedOptimizer*>(&optimizer)),
       parameters_(model_->parameters()) {
   TORCH_INTERNAL_ASSERT(!parameters_.empty(), "an Mlp has parameters");
   if (options_.precision() != Precision::kFloat32) {
@@ -609,15 +454,8 @@ bool TrainStep::direct() const {
   return direct_ != nullptr;
 }
 
-bool TrainStep::ran_beside() const {
-  return direct_ != nullptr && direct_->last_beside;
-}
-
 void TrainStep::prepare(int64_t rows) {
   TORCH_CHECK(rows >= 0, "TrainStep::prepare needs a row count of 0 or more, got ", rows);
-  if (direct_ && fused_ != nullptr && direct_->beside(rows)) {
-    direct_->plan_for(rows);
-  }
   if (direct_ && direct_->dropout > 0.0) {
     detail::bernoulli_matches();
   }
@@ -626,10 +464,7 @@ void TrainStep::prepare(int64_t rows) {
 StepOutput TrainStep::run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples) {
   TORCH_CHECK(global_samples > 0, "TrainStep::run needs a positive global_samples, got ", global_samples);
   if (direct_ && direct_->accepts(features, labels)) {
-    return direct_->run(features, labels, global_samples, parameters_, *optimizer_, fused_, model_->is_training());
-  }
-  if (direct_) {
-    direct_->last_beside = false;
+    return direct_->run(features, labels, global_samples, parameters_, *optimizer_, model_->is_training());
   }
   return run_autograd(features, labels, global_samples);
 }

@@ -19,11 +19,7 @@ class Optimizer;
 
 namespace dkit {
 
-class FusedOptimizer;
 class GradientReducer;
-
-/// The largest batch (rows per process) whose backward pass TrainStep runs beside its fused optimizer's updates.
-inline constexpr int64_t kBesideRows = 256;
 
 /// What one training step leaves on the device for a MetricBuffer; nothing is read back.
 struct StepOutput {
@@ -68,16 +64,7 @@ struct TrainStepOptions {
 /// gradients are then those buffers. In bfloat16 on the CPU the same holds for the step autocast and autograd would
 /// make: the casts autocast makes (weights, biases, features), the layers in bfloat16, the loss in float32, the casts'
 /// backward, bit for bit. Otherwise, or with inputs that require gradients, the step is autograd's (gradients set to
-/// none, the forward pass under autocast in bf16 and fp16, `backward()`).
-///
-/// With a FusedSGD, FusedAdam or FusedAdamW whose kernels take the step, two LibTorch intra-op threads (OpenMP builds),
-/// float32, at most kBesideRows rows and no reducer, the loss and the written-out backward run in one parallel region
-/// beside the optimizer's updates: the loss's gradient half the rows on each thread, each layer's two products (its
-/// input's gradient, its weight's) at once on the two threads, the first layer's weight gradient half its rows on each,
-/// and each layer's update as soon as its gradients are final and its weight no longer read. A BLAS may round a product
-/// on one thread otherwise than on two (OpenBLAS 0.3.21's Haswell kernels do), so the step first checks, once per
-/// process and size, that each of those products gives the same bits there; a layer whose products would not runs them
-/// outside the region, on both threads, as above. The values are still bitwise those above. Example:
+/// none, the forward pass under autocast in bf16 and fp16, `backward()`). Example:
 /// ```
 /// dkit::TrainStep step(model, optimizer);
 /// const dkit::StepOutput out = step.run(batch.features, batch.labels, batch.global_samples);
@@ -94,17 +81,13 @@ class TrainStep {
   /// all processes has `global_samples` rows.
   StepOutput run(const at::Tensor& features, const at::Tensor& labels, int64_t global_samples);
 
-  /// Does now what the first run() on batches of `rows` rows would otherwise do once in this process: the checks
-  /// that decide which of the backward pass's operations run beside the updates (see the class), and with dropout
-  /// the check of dkit's noise against bernoulli_, some milliseconds each. Optional: run() makes them when they are
-  /// missing. dkit::Trainer calls it before it starts timing steps, for its full batches and its short last one.
+  /// Does now what the first run() on batches of `rows` rows would otherwise do once in this process: with dropout,
+  /// the check of dkit's noise against bernoulli_, some milliseconds. Optional: run() makes it when it is missing.
+  /// dkit::Trainer calls it before it starts timing steps.
   void prepare(int64_t rows);
 
   /// Whether run() takes the written-out backward pass (rather than autograd's) for this model.
   bool direct() const;
-
-  /// Whether the last run() took the written-out backward pass beside its optimizer's updates (see the class).
-  bool ran_beside() const;
 
   /// Releases the step's buffers; the parameters keep their last gradients.
   ~TrainStep();
@@ -121,7 +104,6 @@ class TrainStep {
   Mlp model_;
   torch::optim::Optimizer* optimizer_;
   TrainStepOptions options_;
-  FusedOptimizer* fused_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Direct> direct_;
 };

@@ -5,7 +5,6 @@
 #include <dkit/core/compat.h>
 #include <dkit/device/report.h>
 #include <dkit/train/detail/optim_kernels.h>
-#include <dkit/train/detail/side_by_side.h>
 
 #include <atomic>
 #include <cstring>
@@ -20,20 +19,6 @@ namespace {
 
 class FusedOptimizerTest : public test::SeedingFixture {
  protected:
-  /// A begun FusedSGD step over one parameter of `numel` zeros whose gradient is ones: each element an update
-  /// block covers becomes -lr.
-  struct OneParameterStep {
-    OneParameterStep(int64_t numel, double lr)
-        : param(torch::zeros({numel}).set_requires_grad(true)), optimizer({param}, torch::optim::SGDOptions(lr)) {
-      param.mutable_grad() = torch::ones({numel});
-      updates = optimizer.begin_step();
-    }
-
-    at::Tensor param;
-    FusedSGD optimizer;
-    std::optional<FusedStep> updates;
-  };
-
   /// Parameters shaped like the digits MLP's, with sizes that leave partial vectors and blocks.
   static std::vector<at::Tensor> parameters() {
     std::vector<at::Tensor> params;
@@ -420,176 +405,6 @@ TEST_F(FusedOptimizerTest, BeginStepDeclinesWhatStepLeavesToLibTorchAndChangesNo
   FusedSGD sgd({wide}, torch::optim::SGDOptions(0.1).momentum(0.9));
   EXPECT_FALSE(sgd.begin_step().has_value());
   EXPECT_TRUE(sgd.state().empty());
-}
-
-// A task that throws ends the run with its exception, even while the other thread waits to run the updates that
-// follow both tasks, and no later phase runs.
-TEST_F(FusedOptimizerTest, ATaskThatThrowsEndsTheSideBySideRunWithItsError) {
-  const int previous = at::get_num_threads();
-  at::set_num_threads(2);
-  OneParameterStep one(20000, /*lr=*/1.0);
-  const at::Tensor& p = one.param;
-  const std::optional<FusedStep>& updates = one.updates;
-  ASSERT_TRUE(updates.has_value());
-  std::vector<detail::SidePhase> phases(2);
-  detail::append_update_blocks(*updates, 0, phases[0].after);
-  EXPECT_GT(phases[0].after.size(), 1u);
-  std::atomic<int> later_phases{0};
-  phases[1].first = [&] { ++later_phases; };
-  phases[1].second = [&] { ++later_phases; };
-  for (const bool first_throws : {true, false}) {
-    phases[0].first = [&] { if (first_throws) { throw std::runtime_error("the first task failed"); } };
-    phases[0].second = [&] { if (!first_throws) { throw std::runtime_error("the second task failed"); } };
-    const std::string message = test::error_message([&] { detail::run_side_by_side(phases, *updates); });
-    EXPECT_EQ(message, first_throws ? "the first task failed" : "the second task failed");
-  }
-  EXPECT_EQ(later_phases.load(), 0);
-  phases[0].first = nullptr;
-  phases[0].second = nullptr;
-  detail::run_side_by_side(phases, *updates);
-  at::set_num_threads(previous);
-  EXPECT_EQ(later_phases.load(), 2);
-  EXPECT_TRUE(torch::equal(p, torch::full({20000}, -1.0f))) << "every element updated once";
-}
-
-// Each phase begins once all of the one before has run, its updates included: a task reads what the other thread
-// wrote in the phase before, and the parameter as that phase's updates left it. With one thread the phases run in
-// the same order.
-TEST_F(FusedOptimizerTest, SideBySidePhasesRunInOrderAndSeeEachOthersWork) {
-  const int previous = at::get_num_threads();
-  for (const int threads : {2, 1}) {
-    at::set_num_threads(threads);
-    OneParameterStep one(30000, /*lr=*/0.5);
-    ASSERT_TRUE(one.updates.has_value());
-    std::vector<int> written(2, 0);
-    std::vector<int> seen(2, -1);
-    at::Tensor after_updates;
-    std::vector<detail::SidePhase> phases(3);
-    phases[0].first = [&] { written[0] = 10; };
-    phases[0].second = [&] { written[1] = 20; };
-    detail::append_update_blocks(*one.updates, 0, phases[0].ready);
-    phases[1].first = [&] { seen[0] = written[1]; };
-    phases[1].second = [&] { seen[1] = written[0]; };
-    phases[2].second = [&] { after_updates = one.param.detach().clone(); };
-    detail::run_side_by_side(phases, *one.updates);
-    EXPECT_EQ(seen, (std::vector<int>{20, 10})) << threads << " threads";
-    ASSERT_TRUE(after_updates.defined()) << threads << " threads";
-    EXPECT_TRUE(torch::equal(after_updates, torch::full({30000}, -0.5f))) << threads << " threads";
-  }
-  at::set_num_threads(previous);
-}
-
-// A phase marked `outside` runs its tasks on the calling thread outside the parallel region, in order with the
-// phases around it, and its updates have all run before the next phase begins.
-TEST_F(FusedOptimizerTest, AnOutsidePhaseRunsOnTheCallingThreadBetweenItsNeighbours) {
-  const int previous = at::get_num_threads();
-  for (const int threads : {2, 1}) {
-    at::set_num_threads(threads);
-    OneParameterStep one(30000, /*lr=*/0.5);
-    ASSERT_TRUE(one.updates.has_value());
-    const std::thread::id caller = std::this_thread::get_id();
-    std::vector<std::string> order;
-    std::mutex mutex;
-    const auto log = [&](const std::string& what) {
-      const std::lock_guard<std::mutex> lock(mutex);
-      order.push_back(what);
-    };
-    bool outside_on_caller = false;
-    bool outside_in_region = true;
-    at::Tensor after_updates;
-    std::vector<detail::SidePhase> phases(3);
-    phases[0].first = [&] { log("inside"); };
-    phases[1].outside = true;
-    phases[1].first = [&] {
-      outside_on_caller = std::this_thread::get_id() == caller;
-      outside_in_region = at::in_parallel_region();
-      log("outside first");
-    };
-    phases[1].second = [&] { log("outside second"); };
-    detail::append_update_blocks(*one.updates, 0, phases[1].after);
-    phases[2].second = [&] {
-      after_updates = one.param.detach().clone();
-      log("next");
-    };
-    detail::run_side_by_side(phases, *one.updates);
-    EXPECT_EQ(order, (std::vector<std::string>{"inside", "outside first", "outside second", "next"}))
-        << threads << " threads";
-    EXPECT_TRUE(outside_on_caller) << threads << " threads";
-    EXPECT_FALSE(outside_in_region) << threads << " threads";
-    ASSERT_TRUE(after_updates.defined()) << threads << " threads";
-    EXPECT_TRUE(torch::equal(after_updates, torch::full({30000}, -0.5f))) << threads << " threads";
-  }
-  at::set_num_threads(previous);
-}
-
-// What splits_bitwise() finds once on its own operands holds for others of the same sizes: computed as the split
-// says inside a parallel region, the operation gives the bits it gives outside one exactly when it said so. The
-// sizes include the benchmark MLP's (64 -> 256 -> 256 -> 10) at 64 and 256 rows, where OpenBLAS 0.3.21's Haswell
-// kernels round the larger products on one thread otherwise than on two and its SkylakeX kernels do not.
-TEST_F(FusedOptimizerTest, SplitsBitwiseHoldsForOtherOperandsOfTheSameSizes) {
-  using detail::BackwardOp;
-  using detail::OpSplit;
-  const int previous = at::get_num_threads();
-  at::set_num_threads(2);
-  struct Case {
-    BackwardOp op;
-    OpSplit split;
-    int64_t m, k, n;
-  };
-  std::vector<Case> cases;
-  for (const int64_t rows : {1, 37, 64, 256}) {
-    for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{10, 256}, {256, 256}, {256, 64}, {7, 33}}) {
-      cases.push_back({BackwardOp::kProduct, OpSplit::kOneThread, rows, out, in});
-      cases.push_back({BackwardOp::kTransposedProduct, OpSplit::kOneThread, out, rows, in});
-      cases.push_back({BackwardOp::kTransposedProduct, OpSplit::kRowHalves, out, rows, in});
-      cases.push_back({BackwardOp::kColumnSums, OpSplit::kOneThread, 1, rows, out});
-    }
-  }
-  // A parallel region as TrainStep's: this source is not compiled with OpenMP, so its own at::parallel_for would
-  // run on the calling thread alone.
-  const OneParameterStep one(1, /*lr=*/0.0);
-  const std::optional<FusedStep>& no_updates = one.updates;
-  ASSERT_TRUE(no_updates.has_value());
-  const auto region = [&](bool both, const std::function<void(int64_t)>& part) {
-    std::vector<detail::SidePhase> phases(1);
-    phases[0].first = [&] { part(0); };
-    if (both) {
-      phases[0].second = [&] { part(1); };
-    }
-    detail::run_side_by_side(phases, *no_updates);
-  };
-  for (const Case& c : cases) {
-    const bool said = detail::splits_bitwise(c.op, c.split, c.m, c.k, c.n);
-    bool same = true;
-    for (int draw = 0; draw < 3; ++draw) {
-      at::Tensor whole;
-      at::Tensor split;
-      if (c.op == BackwardOp::kColumnSums) {
-        const at::Tensor a = torch::randn({c.k, c.n});
-        whole = a.sum(0);
-        split = torch::empty({c.n});
-        region(false, [&](int64_t) { at::sum_out(split, a, {0}); });
-      } else {
-        const at::Tensor a = c.op == BackwardOp::kProduct ? torch::randn({c.m, c.k}) : torch::randn({c.k, c.m}).t();
-        const at::Tensor b = torch::randn({c.k, c.n});
-        whole = at::mm(a, b);
-        split = torch::empty({c.m, c.n});
-        const int64_t top = c.split == OpSplit::kRowHalves ? (c.m + 1) / 2 : c.m;
-        region(c.split == OpSplit::kRowHalves, [&](int64_t part) {
-          const int64_t begin = part == 0 ? 0 : top;
-          const int64_t count = part == 0 ? top : c.m - top;
-          if (count > 0) {
-            at::Tensor out = split.narrow(0, begin, count);
-            at::mm_out(out, a.narrow(0, begin, count), b);
-          }
-        });
-      }
-      same = same && std::memcmp(whole.data_ptr(), split.data_ptr(), whole.numel() * sizeof(float)) == 0;
-    }
-    EXPECT_EQ(said, same) << "op " << static_cast<int>(c.op) << ", split " << static_cast<int>(c.split) << ", "
-                          << c.m << "x" << c.k << "x" << c.n;
-  }
-  at::set_num_threads(previous);
 }
 
 } // namespace

@@ -4,7 +4,6 @@
 #include <dkit/core/compat.h>
 #include <dkit/device/device.h>
 #include <dkit/train/amp.h>
-#include <dkit/train/detail/side_by_side.h>
 #include <dkit/train/optim.h>
 
 #include "../support.h"
@@ -192,11 +191,10 @@ TEST_F(TrainStepTest, TheHandWrittenBackwardRefusesModelsItDoesNotKnow) {
   EXPECT_FALSE(direct_for(extra_buffer));
 }
 
-// The backward pass beside the fused optimizers' updates, by default at the benchmark's shapes (where two threads
-// split OpenBLAS's products): bitwise the textbook loop with LibTorch's own optimizer.
+// The written-out backward pass with a fused optimizer on two threads, by default at the benchmark's shapes (where
+// two threads split OpenBLAS's products): bitwise the textbook loop with LibTorch's own optimizer.
 template <typename Reference, typename Fused, typename Options>
-void expect_beside_steps(const Options& options, int64_t rows, bool beside,
-                         const MlpOptions& shape = MlpOptions(64, {256, 256}, 10)) {
+void expect_fused_steps(const Options& options, int64_t rows, const MlpOptions& shape = MlpOptions(64, {256, 256}, 10)) {
   const int previous_threads = at::get_num_threads();
   at::set_num_threads(2);
   const auto make = [&] {
@@ -220,7 +218,6 @@ void expect_beside_steps(const Options& options, int64_t rows, bool beside,
     reference_optimizer.step();
     torch::manual_seed(50 + index);
     const StepOutput out = step.run(x, y, rows);
-    EXPECT_EQ(step.ran_beside(), beside) << "step " << index;
     EXPECT_TRUE(torch::equal(out.loss_sum, loss_sum.detach())) << "step " << index;
     EXPECT_EQ(out.correct.item<int64_t>(), logits.argmax(1).eq(y).sum().item<int64_t>()) << "step " << index;
   }
@@ -232,151 +229,48 @@ void expect_beside_steps(const Options& options, int64_t rows, bool beside,
   }
 }
 
-TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseTheTextbookLoopForEveryOptimizer) {
+TEST_F(TrainStepTest, FusedStepsOnTwoThreadsAreBitwiseTheTextbookLoopForEveryOptimizer) {
   using torch::optim::SGDOptions;
-  const bool beside = DKIT_WITH_OPENMP == 1;
   for (const int64_t rows : {64, 37}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows");
-    expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05), rows, beside);
-    expect_beside_steps<torch::optim::SGD, FusedSGD>(
-        SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(5e-4), rows, beside);
-    expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4),
-                                                     rows, beside);
-    expect_beside_steps<torch::optim::Adam, FusedAdam>(torch::optim::AdamOptions(1e-3).weight_decay(1e-2), rows,
-                                                       beside);
-    expect_beside_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3).weight_decay(1e-2), rows,
-                                                         beside);
+    expect_fused_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05), rows);
+    expect_fused_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(5e-4),
+                                                    rows);
+    expect_fused_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4),
+                                                    rows);
+    expect_fused_steps<torch::optim::Adam, FusedAdam>(torch::optim::AdamOptions(1e-3).weight_decay(1e-2), rows);
+    expect_fused_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3).weight_decay(1e-2), rows);
   }
-  expect_beside_steps<torch::optim::Adam, FusedAdam>(torch::optim::AdamOptions(1e-3), kBesideRows + 1, false);
 }
 
-// Beside the updates, the loss's gradient and the first layer's weight gradient are split between the threads by
-// rows: still bitwise at Fashion-MNIST's 784 features, at odd widths, with one row (one thread's half is empty),
-// with one layer, with tanh and GELU, whose backward also runs in place, with dropout (Fashion-MNIST's config),
-// and at kBesideRows rows, where OpenBLAS's Haswell kernels send every layer's products outside the parallel
-// region.
-TEST_F(TrainStepTest, BackwardBesideTheFusedUpdatesIsBitwiseAtOtherShapesAndActivations) {
+// Still bitwise at Fashion-MNIST's 784 features, at odd widths, with one row, with one layer, with tanh and GELU,
+// whose backward also runs in place, and with dropout (Fashion-MNIST's config).
+TEST_F(TrainStepTest, FusedStepsOnTwoThreadsAreBitwiseAtOtherShapesAndActivations) {
   using torch::optim::AdamOptions;
   using torch::optim::SGDOptions;
-  const bool beside = DKIT_WITH_OPENMP == 1;
-  expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9), 64, beside,
-                                                   MlpOptions(784, {256}, 10));
-  expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 33, beside, MlpOptions(12, {33, 7}, 5));
-  expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 1, beside, MlpOptions(12, {33, 7}, 5));
-  expect_beside_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3), 20, beside,
-                                                       MlpOptions(12, {}, 5));
-  expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05), 64, beside,
-                                                   MlpOptions(64, {256, 256}, 10).activation(Activation::kTanh));
-  expect_beside_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 37, beside,
-                                                     MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU));
-  expect_beside_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3), 64, beside,
-                                                       MlpOptions(784, {512, 256}, 10).dropout(0.1));
-  expect_beside_steps<torch::optim::SGD, FusedSGD>(
-      SGDOptions(0.05), 37, beside, MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU).dropout(0.5));
-  expect_beside_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9), kBesideRows, beside);
+  expect_fused_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05).momentum(0.9), 64, MlpOptions(784, {256}, 10));
+  expect_fused_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 33, MlpOptions(12, {33, 7}, 5));
+  expect_fused_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 1, MlpOptions(12, {33, 7}, 5));
+  expect_fused_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3), 20, MlpOptions(12, {}, 5));
+  expect_fused_steps<torch::optim::SGD, FusedSGD>(SGDOptions(0.05), 64,
+                                                  MlpOptions(64, {256, 256}, 10).activation(Activation::kTanh));
+  expect_fused_steps<torch::optim::Adam, FusedAdam>(AdamOptions(1e-3), 37,
+                                                    MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU));
+  expect_fused_steps<torch::optim::AdamW, FusedAdamW>(torch::optim::AdamWOptions(1e-3), 64,
+                                                      MlpOptions(784, {512, 256}, 10).dropout(0.1));
+  expect_fused_steps<torch::optim::SGD, FusedSGD>(
+      SGDOptions(0.05), 37, MlpOptions(64, {256, 256}, 10).activation(Activation::kGELU).dropout(0.5));
 }
 
-TEST_F(TrainStepTest, OnlyAFusedOptimizerOnTwoThreadsRunsBesideTheBackwardPass) {
-  const int previous_threads = at::get_num_threads();
-  const auto [x, y] = batches(1, 8).front();
+TEST_F(TrainStepTest, PrepareRefusesANegativeRowCount) {
   Mlp net = model();
-  torch::optim::Adam plain(net->parameters(), torch::optim::AdamOptions(1e-3));
-  TrainStep plain_step(net, plain);
-  FusedAdam fused(net->parameters(), torch::optim::AdamOptions(1e-3));
-  TrainStep fused_step(net, fused);
-  at::set_num_threads(2);
-  plain_step.run(x, y, 8);
-  fused_step.run(x, y, 8);
-  const bool plain_beside = plain_step.ran_beside();
-  const bool fused_beside = fused_step.ran_beside();
-  at::set_num_threads(1);
-  fused_step.run(x, y, 8);
-  const bool one_thread_beside = fused_step.ran_beside();
-  at::set_num_threads(previous_threads);
-  EXPECT_FALSE(plain_beside);
-  EXPECT_EQ(fused_beside, DKIT_WITH_OPENMP == 1);
-  EXPECT_FALSE(one_thread_beside);
-}
-
-// prepare() makes the checks that decide how the backward pass runs beside the updates before the first step, so
-// that steps of the prepared sizes run none; a step of another size still makes its own. The model's widths are used
-// by no other test, so that its checks are this test's own.
-TEST_F(TrainStepTest, PrepareMakesTheSplitChecksBeforeTheFirstStep) {
-  if (DKIT_WITH_OPENMP != 1) {
-    GTEST_SKIP() << "a step runs beside the updates only in builds with OpenMP";
-  }
-  const int previous_threads = at::get_num_threads();
-  at::set_num_threads(2);
-  Mlp net(MlpOptions(19, {23, 29}, 7));
   FusedSGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05));
   TrainStep step(net, optimizer);
-  step.prepare(13);
-  step.prepare(11);
-  const int64_t prepared = detail::split_probes_run();
-  std::vector<bool> beside;
-  for (const int64_t rows : {13, 11, 13}) {
-    step.run(torch::randn({rows, 19}), torch::randint(0, 7, {rows}), rows);
-    beside.push_back(step.ran_beside());
-  }
-  const int64_t after_prepared_steps = detail::split_probes_run();
-  step.run(torch::randn({17, 19}), torch::randint(0, 7, {17}), 17);
-  const int64_t after_other_step = detail::split_probes_run();
-  at::set_num_threads(previous_threads);
-  EXPECT_EQ(beside, std::vector<bool>(3, true));
-  EXPECT_EQ(after_prepared_steps, prepared);
-  EXPECT_GT(after_other_step, after_prepared_steps);
   EXPECT_EQ(test::error_message([&] { step.prepare(-1); }), "TrainStep::prepare needs a row count of 0 or more, got -1");
 }
 
-std::set<std::string> thread_ids() {
-  std::set<std::string> ids;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    ids.insert(entry.path().filename().string());
-  }
-  return ids;
-}
-
-// Whether the first step beside the updates, on a new thread (with an OpenMP pool of its own, new too), starts or
-// ends none of the process's threads, after `set_threads` set two CPU threads there and the step was prepared. The
-// model's sizes are the same on every call, so that only the first call's prepare() runs the checks (in a region
-// of its own): later calls see the first step of a pool that nothing else has started.
-bool first_beside_step_keeps_the_threads(void (*set_threads)()) {
-  bool same = false;
-  bool beside = false;
-  std::thread([&] {
-    set_threads();
-    Mlp net(MlpOptions(12, {16}, 3));
-    FusedSGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05));
-    TrainStep step(net, optimizer);
-    step.prepare(8);
-    const at::Tensor x = torch::randn({8, 12});
-    const at::Tensor y = torch::randint(0, 3, {8});
-    const auto before = thread_ids();
-    step.run(x, y, 8);
-    same = thread_ids() == before;
-    beside = step.ran_beside();
-  }).join();
-  EXPECT_TRUE(beside);
-  return same;
-}
-
-// LibTorch applies its thread settings on an intra-op thread the first time that thread asks for them (LibTorch
-// 1.13 starts its pthreadpool afresh then), and OpenMP starts a master's threads at its first region: with
-// set_cpu_threads() both happen there, and not in the first step.
-TEST_F(TrainStepTest, AfterSetCpuThreadsTheFirstStepStartsNoThread) {
-  if (DKIT_WITH_OPENMP != 1) {
-    GTEST_SKIP() << "a step runs beside the updates only in builds with OpenMP";
-  }
-  const int previous_threads = at::get_num_threads();
-  const bool ready = first_beside_step_keeps_the_threads([] { set_cpu_threads(2); });
-  const bool unready = first_beside_step_keeps_the_threads([] { at::set_num_threads(2); });
-  at::set_num_threads(previous_threads);
-  EXPECT_TRUE(ready);
-  EXPECT_FALSE(unready) << "with at::set_num_threads() alone, the first step starts the threads";
-}
-
-// A parameter the optimizer holds beside the model's is updated too, after the layers' own.
-TEST_F(TrainStepTest, TheBesideStepAlsoUpdatesParametersOutsideTheModel) {
+// A parameter the optimizer holds besides the model's is updated too.
+TEST_F(TrainStepTest, TheFusedStepAlsoUpdatesParametersOutsideTheModel) {
   const int previous_threads = at::get_num_threads();
   at::set_num_threads(2);
   Mlp net = model();
@@ -388,9 +282,7 @@ TEST_F(TrainStepTest, TheBesideStepAlsoUpdatesParametersOutsideTheModel) {
   TrainStep step(net, optimizer);
   const auto [x, y] = batches(1, 8).front();
   step.run(x, y, 8);
-  const bool beside = step.ran_beside();
   at::set_num_threads(previous_threads);
-  EXPECT_EQ(beside, DKIT_WITH_OPENMP == 1);
   EXPECT_TRUE(torch::equal(extra, torch::full({5}, -0.5f)));
 }
 
