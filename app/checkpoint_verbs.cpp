@@ -10,6 +10,7 @@
 #include <dkit/core/format.h>
 #include <dkit/data/dataset.h>
 #include <dkit/device/device.h>
+#include <dkit/model/mlp_file.h>
 
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>

@@ -5,6 +5,7 @@
 #include "fuzz.h"
 
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/model/mlp_file.h>
 #include <dkit/train/config.h>
 
 namespace {
@@ -12,7 +13,7 @@ namespace {
 void resume_like_the_trainer(const dkit::TrainingCheckpoint& checkpoint) {
   const dkit::FullTrainConfig config(dkit::parse_config(checkpoint.config, "the saved config", "."));
   (void)config;
-  dkit::Mlp net(checkpoint.model);
+  dkit::Mlp net(dkit::mlp_options_from(checkpoint, "fuzz.pt"));
   dkit::load_state_dict(*net, checkpoint.model_state_dict);
   const auto params = net->parameters();
   const std::unique_ptr<torch::optim::Optimizer> optimizers[] = {

@@ -24,6 +24,7 @@
 #include <dkit/metrics/event_file.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/model/mlp_file.h>
 #include <dkit/train/amp.h>
 #include <dkit/train/config.h>
 #include <dkit/train/optim.h>

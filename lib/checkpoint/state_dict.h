@@ -2,7 +2,6 @@
 
 #include <dkit/checkpoint/pickle.h>
 #include <dkit/checkpoint/torch_file.h>
-#include <dkit/model/mlp.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -111,19 +110,5 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path);
 /// file in errors.
 LoadStateDictResult load_state_dict(torch::nn::Module& module, const std::string& path,
                                     const LoadFileOptions& options = {});
-
-/// How mlp_from_state_dict() builds the network.
-struct MlpFromStateDictOptions {
-  /// Nonlinearity between the layers; a state dict does not record it.
-  TORCH_ARG(Activation, activation) = Activation::kReLU;
-  /// Names where the state dict came from in errors, e.g. the file's path.
-  TORCH_ARG(std::string, source) = "state dict";
-};
-
-/// An Mlp whose shape comes from the state dict: its Linear layers are the 2-D tensors in the order they appear,
-/// whatever their names (`hidden.weight`, `output.weight` work as `0.weight`, `2.weight` do), each with the
-/// 1-D tensor named like it with `bias` for `weight` as its bias. Each layer's input size must equal the previous
-/// layer's output size; a tensor that is neither a weight nor its bias is an error.
-Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptions& options = {});
 
 } // namespace dkit

@@ -10,37 +10,6 @@ namespace {
 
 using detail::Fields;
 
-void check_activation(const std::string& name, const std::string& where) {
-  DKIT_CHECK(try_parse(kActivationNames, name).has_value(), where, ": unknown activation '", name,
-             "': expected ", list_names(kActivationNames));
-}
-
-// A layer's weight must hold its values itself: an expanded view (stride 0) of a few stored values could claim
-// any shape, and building a model of that shape would allocate memory the file never held.
-void check_stored(const at::Tensor& tensor, const std::string& name, const std::string& source) {
-  const auto stored = static_cast<int64_t>(tensor.storage().nbytes() / tensor.element_size());
-  DKIT_CHECK(tensor.numel() <= stored, source, ": '", name, "' has shape ", tensor.sizes(), " but its storage holds ",
-             stored, " values: an expanded view cannot be a layer's weight");
-}
-
-// The network 'model' describes must be the one whose weights 'model_state_dict' holds, checked before anything
-// builds it, so that a hostile 'model' entry cannot make dkit allocate more than the file's own tensors.
-void check_model_entry(const TrainingCheckpoint& checkpoint, const std::string& source) {
-  std::vector<int64_t> widths = {checkpoint.model.in_features()};
-  widths.insert(widths.end(), checkpoint.model.hidden().begin(), checkpoint.model.hidden().end());
-  widths.push_back(checkpoint.model.out_features());
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    const std::string name = std::to_string(2 * i) + ".weight";
-    const at::Tensor* weight = checkpoint.model_state_dict.find(name);
-    const std::vector<int64_t> expected = {widths[i + 1], widths[i]};
-    DKIT_CHECK(weight != nullptr, source, ": 'model' describes a layer ", name, " of shape ",
-               c10::IntArrayRef(expected), " but 'model_state_dict' has no '", name, "'");
-    DKIT_CHECK(weight->sizes() == c10::IntArrayRef(expected), source, ": 'model' describes ", name, " as ",
-               c10::IntArrayRef(expected), " but 'model_state_dict' holds ", weight->sizes());
-    check_stored(*weight, name, source);
-  }
-}
-
 } // namespace
 
 void save_training_checkpoint(const std::string& path, const TrainingCheckpoint& checkpoint) {
@@ -50,15 +19,6 @@ void save_training_checkpoint(const std::string& path, const TrainingCheckpoint&
   for (const auto& item : checkpoint.model_state_dict) {
     state_dict.set(item.key(), item.value());
   }
-  PickleValue hidden = PickleValue::list();
-  for (const int64_t width : checkpoint.model.hidden()) {
-    hidden.push_back(width);
-  }
-  PickleValue model = PickleValue::dict({{"in_features", checkpoint.model.in_features()},
-                                         {"hidden", std::move(hidden)},
-                                         {"out_features", checkpoint.model.out_features()},
-                                         {"activation", to_string(checkpoint.model.activation())},
-                                         {"dropout", checkpoint.model.dropout()}});
   PickleValue cuda = PickleValue::list();
   for (const auto& generator : checkpoint.rng.cuda) {
     cuda.push_back(generator);
@@ -66,7 +26,9 @@ void save_training_checkpoint(const std::string& path, const TrainingCheckpoint&
   PickleValue root = PickleValue::dict();
   root.set("dkit_checkpoint", kTrainingCheckpointVersion);
   root.set("model_state_dict", std::move(state_dict));
-  root.set("model", std::move(model));
+  if (!checkpoint.model.is_none()) {
+    root.set("model", checkpoint.model);
+  }
   if (checkpoint.input_mean.defined()) {
     root.set("input_mean", checkpoint.input_mean);
     root.set("input_std", checkpoint.input_std);
@@ -83,6 +45,12 @@ void save_training_checkpoint(const std::string& path, const TrainingCheckpoint&
   root.set("world_size", checkpoint.world_size);
   if (!checkpoint.scaler_state_dict.is_none()) {
     root.set("scaler", checkpoint.scaler_state_dict);
+  }
+  if (!checkpoint.scheduler_state_dict.is_none()) {
+    root.set("scheduler_state_dict", checkpoint.scheduler_state_dict);
+  }
+  if (!checkpoint.task_state.is_none()) {
+    root.set("task_state", checkpoint.task_state);
   }
   write_torch_file(path, root);
 }
@@ -104,20 +72,9 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
   for (const auto& [key, value] : state_dict.entries()) {
     checkpoint.model_state_dict.insert(key.to_string(), value.to_tensor());
   }
-  const Fields model(fields.get("model"), source + ": 'model'");
-  std::vector<int64_t> hidden;
-  const PickleValue& widths = model.get("hidden");
-  DKIT_CHECK(widths.is_list() || widths.is_tuple(), model.where(), ": 'hidden' is not a list");
-  for (const auto& width : widths.items()) {
-    DKIT_CHECK(width.is_int(), model.where(), ": 'hidden' holds a ", width.type_name(), ", expected ints");
-    hidden.push_back(width.to_int());
+  if (const PickleValue* model = fields.find("model")) {
+    checkpoint.model = *model;
   }
-  check_activation(model.text("activation"), model.where());
-  checkpoint.model = MlpOptions(model.integer("in_features"), std::move(hidden), model.integer("out_features"))
-                         .activation(parse_activation(model.text("activation")))
-                         .dropout(model.number("dropout"))
-                         .bias(checkpoint.model_state_dict.contains("0.bias"));
-  check_model_entry(checkpoint, source);
   checkpoint.input_mean = fields.tensor("input_mean", /*optional=*/true);
   checkpoint.input_std = fields.tensor("input_std", /*optional=*/true);
   DKIT_CHECK(checkpoint.input_mean.defined() == checkpoint.input_std.defined(), source,
@@ -145,6 +102,12 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
   if (const PickleValue* scaler = fields.find("scaler")) {
     DKIT_CHECK(scaler->is_dict(), source, ": 'scaler' is a ", scaler->type_name(), ", expected a dict");
     checkpoint.scaler_state_dict = *scaler;
+  }
+  if (const PickleValue* scheduler = fields.find("scheduler_state_dict")) {
+    checkpoint.scheduler_state_dict = *scheduler;
+  }
+  if (const PickleValue* task = fields.find("task_state")) {
+    checkpoint.task_state = *task;
   }
   return checkpoint;
 }

@@ -3,7 +3,6 @@
 #include <dkit/checkpoint/pickle.h>
 #include <dkit/checkpoint/state_dict.h>
 #include <dkit/checkpoint/torch_file.h>
-#include <dkit/model/mlp.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -54,15 +53,17 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleV
                                const std::string& source = "optimizer state");
 
 /// Everything needed to continue training exactly where it stopped. Saved as a torch.save-compatible file
-/// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict with
-/// `nn.Sequential` names), `model`, `input_mean`/`input_std` (when set), `optimizer_state_dict`, `step`,
-/// `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor, ...]}`), `config`, `data_checksum`,
-/// `world_size` (absent from files written before it, read as 1) and, for an fp16 run, `scaler`.
+/// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict of the
+/// module's parameters and buffers, named as LibTorch registers them), `model` (when set), `input_mean`/`input_std`
+/// (when set), `optimizer_state_dict`, `step`, `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor,
+/// ...]}`), `config`, `data_checksum`, `world_size` (absent from files written before it, read as 1) and, when set,
+/// `scaler`, `scheduler_state_dict` and `task_state`.
 struct TrainingCheckpoint {
   /// The model's parameters and buffers (see module_state_dict()).
   StateDict model_state_dict{"state dict key"};
-  /// The model's shape: in_features, hidden, out_features, activation, dropout (and bias, from the state dict).
-  MlpOptions model{1, {}, 1};
+  /// What a reader needs to rebuild the module besides its weights, saved as `model` when it is not None: dkit's
+  /// MLP writes its shape here (see mlp_description()); None for other modules.
+  PickleValue model;
   /// Per-feature mean subtracted from the inputs; undefined when training did not normalise inputs.
   at::Tensor input_mean;
   /// Per-feature standard deviation the inputs are divided by; undefined when input_mean is.
@@ -88,6 +89,10 @@ struct TrainingCheckpoint {
   /// The loss scaler's state in the layout of Python's `GradScaler.state_dict()`, saved as `scaler` (the name
   /// PyTorch's AMP examples save it under) when it is not None: an fp16 run's; None for the other precisions.
   PickleValue scaler_state_dict;
+  /// The learning-rate scheduler's state, saved as `scheduler_state_dict` when it is not None.
+  PickleValue scheduler_state_dict;
+  /// The training task's own state (Task::state_dict()), saved as `task_state` when it is not None.
+  PickleValue task_state;
 };
 
 /// Writes `checkpoint` to `path` atomically (see write_torch_file()). Python's `torch.load(path)` reads it.
@@ -169,45 +174,5 @@ class CheckpointFolder {
   std::string path_;
   CheckpointFolderOptions options_;
 };
-
-/// An Mlp read from a file, ready to predict, with the input normalisation training used.
-struct LoadedMlp {
-  /// The network, in eval mode, on the requested device.
-  Mlp net{nullptr};
-  /// Per-feature mean to subtract from inputs; undefined when the file has none.
-  at::Tensor input_mean;
-  /// Per-feature standard deviation to divide inputs by; undefined when the file has none.
-  at::Tensor input_std;
-
-  /// Logits for raw inputs `[N, in_features]`: normalised as in training, then the network.
-  at::Tensor predict(const at::Tensor& inputs) const;
-};
-
-/// How load_mlp() reads a model file.
-struct LoadMlpOptions {
-  /// Device the network and normalisation tensors are placed on.
-  TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
-  /// Nonlinearity for files that do not record one (anything but a dkit training checkpoint).
-  TORCH_ARG(Activation, activation) = Activation::kReLU;
-  /// How the state dict is found and renamed in files that are not dkit training checkpoints.
-  TORCH_ARG(StateDictOptions, state_dict) = {};
-  /// Limits on what reading the file may cost.
-  TORCH_ARG(ReadLimits, limits) = {};
-};
-
-/// The network in a dkit training checkpoint, a file written by export_mlp(), or any PyTorch MLP state dict
-/// (plain or nested, see state_dict_from() and mlp_from_state_dict()), in a `torch.save` file or, when `path`
-/// ends in `.safetensors`, a safetensors file. `input_mean` and `input_std` come from the checkpoint, or from
-/// entries of those names beside the weights.
-LoadedMlp load_mlp(const std::string& path, const LoadMlpOptions& options = {});
-
-/// Like load_mlp(), for a file's root value already read; `source` names the file in errors. `options.limits()`
-/// is not used here: it applies to reading the file.
-LoadedMlp mlp_from(const PickleValue& root, const std::string& source, const LoadMlpOptions& options = {});
-
-/// Writes the network's tensors, keys in `nn.Sequential` naming (`0.weight`, `0.bias`, `2.weight`, ...), plus
-/// `input_mean` and `input_std` when the model has them, in the format `path`'s extension names: a safetensors file
-/// for `.safetensors` (write_safetensors()), otherwise a plain dict that Python's `torch.load` reads.
-void export_mlp(const std::string& path, const LoadedMlp& model);
 
 } // namespace dkit

@@ -10,6 +10,7 @@
 #include <dkit/distributed/process_group.h>
 #include <dkit/metrics/metrics.h>
 #include <dkit/model/mlp.h>
+#include <dkit/model/mlp_file.h>
 #include <dkit/train/detail/checkpoint_policy.h>
 #include <dkit/train/detail/rank_agreement.h>
 #include <dkit/train/detail/run_folder.h>
@@ -371,7 +372,7 @@ struct Trainer::Impl {
     }
     TrainingCheckpoint checkpoint;
     checkpoint.model_state_dict = module_state_dict(*model);
-    checkpoint.model = model->options;
+    checkpoint.model = mlp_description(model->options);
     checkpoint.input_mean = data->normalization.mean;
     checkpoint.input_std = data->normalization.std;
     checkpoint.optimizer_state_dict = optimizer_state_dict(*optimizer);

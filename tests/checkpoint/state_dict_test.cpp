@@ -2,6 +2,7 @@
 
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/device/device.h>
+#include <dkit/model/mlp_file.h>
 
 #include "../support.h"
 #include "python.h"

@@ -1,6 +1,7 @@
 #include <dkit/checkpoint/training_checkpoint.h>
 
 #include <dkit/device/device.h>
+#include <dkit/model/mlp_file.h>
 
 #include "../support.h"
 #include "python.h"
@@ -66,7 +67,7 @@ void train(Mlp& net, torch::optim::Optimizer& optimizer, int steps) {
 TrainingCheckpoint snapshot(Mlp& net, const torch::optim::Optimizer& optimizer, int64_t step) {
   TrainingCheckpoint checkpoint;
   checkpoint.model_state_dict = module_state_dict(*net);
-  checkpoint.model = net->options;
+  checkpoint.model = mlp_description(net->options);
   checkpoint.optimizer_state_dict = optimizer_state_dict(optimizer);
   checkpoint.step = step;
   checkpoint.epoch = step / 3;
@@ -175,12 +176,13 @@ TEST_F(TrainingCheckpointFileTest, SavesAndLoadsEveryField) {
   save_training_checkpoint(dir_.file("c.pt"), checkpoint);
   const TrainingCheckpoint loaded = load_training_checkpoint(dir_.file("c.pt"));
   EXPECT_EQ(loaded.model_state_dict.keys(), checkpoint.model_state_dict.keys());
-  EXPECT_EQ(loaded.model.in_features(), 4);
-  EXPECT_EQ(loaded.model.hidden(), (std::vector<int64_t>{8, 6}));
-  EXPECT_EQ(loaded.model.out_features(), 3);
-  EXPECT_EQ(loaded.model.activation(), Activation::kGELU);
-  EXPECT_EQ(loaded.model.dropout(), 0.1);
-  EXPECT_TRUE(loaded.model.bias());
+  const MlpOptions shape = mlp_options_from(loaded, "c.pt");
+  EXPECT_EQ(shape.in_features(), 4);
+  EXPECT_EQ(shape.hidden(), (std::vector<int64_t>{8, 6}));
+  EXPECT_EQ(shape.out_features(), 3);
+  EXPECT_EQ(shape.activation(), Activation::kGELU);
+  EXPECT_EQ(shape.dropout(), 0.1);
+  EXPECT_TRUE(shape.bias());
   EXPECT_TRUE(torch::equal(loaded.input_mean, checkpoint.input_mean));
   EXPECT_TRUE(torch::equal(loaded.input_std, checkpoint.input_std));
   EXPECT_EQ(loaded.step, 7);
@@ -306,7 +308,7 @@ TEST_F(TrainingCheckpointFileTest, RefusesAModelEntryThatDoesNotDescribeItsWeigh
                                        {"activation", "relu"},
                                        {"dropout", 0.0}}));
   write_torch_file(path, root);
-  EXPECT_EQ(error_message([&] { load_training_checkpoint(path); }),
+  EXPECT_EQ(error_message([&] { mlp_options_from(load_training_checkpoint(path), path); }),
             path + ": 'model' describes 2.weight as [16, 16] but 'model_state_dict' holds [3, 16]");
 }
 

@@ -1,6 +1,7 @@
 #include <dkit/train/trainer.h>
 
 #include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/model/mlp_file.h>
 #include <dkit/core/compat.h>
 #include <dkit/distributed/data_parallel.h>
 #include <dkit/device/host_sync.h>
