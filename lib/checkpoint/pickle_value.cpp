@@ -157,24 +157,6 @@ void PickleValue::push_back(PickleValue item) {
   items_.push_back(std::move(item));
 }
 
-std::string dtype_name(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kFloat: return "float32";
-    case c10::kDouble: return "float64";
-    case c10::kHalf: return "float16";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kLong: return "int64";
-    case c10::kInt: return "int32";
-    case c10::kShort: return "int16";
-    case c10::kChar: return "int8";
-    case c10::kByte: return "uint8";
-    case c10::kBool: return "bool";
-    case c10::kComplexFloat: return "complex64";
-    case c10::kComplexDouble: return "complex128";
-    default: return c10::toString(dtype);
-  }
-}
-
 namespace {
 
 void walk_tensors(const PickleValue& value, const std::string& path,

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <dkit/core/format.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
@@ -143,8 +145,6 @@ class PickleValue {
   at::Tensor tensor_;
 };
 
-/// Python's name for a dtype (`float32`, `bfloat16`, `int64`, ...).
-std::string dtype_name(c10::ScalarType dtype);
 
 /// Calls `fn(path, tensor_value)` for every tensor under `value`, depth first in order; the path joins dict keys
 /// and list indices with dots (`optimizer_state_dict.state.0.exp_avg`).

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <string>
 
 namespace dkit {
@@ -28,5 +30,8 @@ std::string format_rate(double per_second);
 /// as they are: how dkit shows text it did not write itself (a config value, a file name, a tensor's key) in a
 /// message or a table, so that the text stays on one line and cannot move a terminal's cursor.
 std::string printable(const std::string& text);
+
+/// Python's name for a dtype (`float32`, `bfloat16`, `int64`, ...).
+std::string dtype_name(c10::ScalarType dtype);
 
 } // namespace dkit

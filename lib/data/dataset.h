@@ -13,9 +13,11 @@ namespace dkit {
 
 /// A whole labelled data set in host memory.
 struct Dataset {
-  /// Inputs, float32 `[N, F]`, contiguous, on the CPU.
+  /// Inputs `[N, ...]` on the CPU: float32 `[N, F]` from dkit's readers; a Loader takes any shape of any
+  /// floating-point or integer dtype (uint8 images `[N, 1, 28, 28]`, int64 tokens `[N, T]`).
   at::Tensor features;
-  /// Class indices, int64 `[N]` on the CPU; undefined for inputs without labels (what `dkit predict` reads).
+  /// Labels `[N, ...]` on the CPU: int64 class indices `[N]` from dkit's readers; a Loader takes any shape and dtype.
+  /// Undefined for inputs without labels (what `dkit predict` reads).
   at::Tensor labels;
   /// Largest label + 1; 0 without labels.
   int64_t num_classes = 0;

@@ -2,10 +2,12 @@
 
 #include <dkit/config.h>
 #include <dkit/core/error.h>
+#include <dkit/core/format.h>
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -37,6 +39,129 @@ void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows,
 
 bool sole_owner(const at::Tensor& buffer) {
   return buffer.defined() && buffer.storage().use_count() == 1;
+}
+
+// The rows a Loader gathers batches from: tensors in memory, or samples read one at a time.
+struct Rows {
+  int64_t n = 0;
+  std::string description;
+  std::vector<int64_t> feature_shape;
+  at::ScalarType feature_dtype = at::kFloat;
+  bool has_labels = false;
+  std::vector<int64_t> label_shape;
+  at::ScalarType label_dtype = at::kLong;
+  at::Tensor features;
+  at::Tensor labels;
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> get;
+
+  std::vector<int64_t> shape(int64_t rows, const std::vector<int64_t>& row) const {
+    std::vector<int64_t> out{rows};
+    out.insert(out.end(), row.begin(), row.end());
+    return out;
+  }
+
+  at::Tensor empty_features(int64_t rows, const at::TensorOptions& options = {}) const {
+    return at::empty(shape(rows, feature_shape), options.dtype(feature_dtype));
+  }
+
+  at::Tensor empty_labels(int64_t rows, const at::TensorOptions& options = {}) const {
+    return has_labels ? at::empty(shape(rows, label_shape), options.dtype(label_dtype)) : at::Tensor();
+  }
+
+  void check_sample(int64_t index, const at::Tensor& tensor, const std::vector<int64_t>& row, at::ScalarType dtype,
+                    const char* what) const {
+    DKIT_CHECK(tensor.defined() && tensor.sizes() == at::IntArrayRef(row) && tensor.scalar_type() == dtype,
+               description, ": sample ", index, " has ", what, " ",
+               tensor.defined() ? concat(tensor.sizes(), " (", dtype_name(tensor.scalar_type()), ")") : "(none)",
+               " but sample 0 has ", at::IntArrayRef(row), " (", dtype_name(dtype),
+               "): every sample must have the same shapes and dtypes");
+  }
+
+  // Copies the rows `indices[0, count)` into the first `count` rows of `features_out` and `labels_out`.
+  void gather(const int64_t* indices, int64_t count, const at::Tensor& features_out,
+              const at::Tensor& labels_out) const {
+    if (!get) {
+      gather_rows(features, indices, count, features_out.data_ptr());
+      if (has_labels) {
+        gather_rows(labels, indices, count, labels_out.data_ptr());
+      }
+      return;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const auto [x, y] = get(indices[i]);
+      check_sample(indices[i], x, feature_shape, feature_dtype, "features");
+      features_out.select(0, i).copy_(x);
+      if (has_labels) {
+        check_sample(indices[i], y, label_shape, label_dtype, "a label");
+        labels_out.select(0, i).copy_(y);
+      }
+    }
+  }
+
+  // Reads every sample of a sample source into tensors, as a Dataset holds them.
+  void materialize() {
+    if (!get) {
+      return;
+    }
+    const at::Tensor all = at::arange(n, at::TensorOptions().dtype(at::kLong));
+    features = empty_features(n);
+    labels = empty_labels(n);
+    gather(all.data_ptr<int64_t>(), n, features, labels);
+    get = nullptr;
+  }
+};
+
+bool loadable_features(at::ScalarType dtype) {
+  return at::isFloatingType(dtype) || at::isIntegralType(dtype, /*includeBool=*/false);
+}
+
+Rows rows_of(Dataset data) {
+  Rows rows;
+  rows.description = data.description.empty() ? "the data set" : data.description;
+  DKIT_CHECK(data.features.defined() && data.features.dim() >= 1, "Loader: ", rows.description,
+             " has no features of shape [N, ...]");
+  DKIT_CHECK(data.features.device().is_cpu(), "Loader: the features of ", rows.description, " are on ",
+             data.features.device().str(), ": a Loader reads data sets from host memory");
+  DKIT_CHECK(loadable_features(data.features.scalar_type()), "Loader: the features of ", rows.description,
+             " are ", dtype_name(data.features.scalar_type()), ": expected a floating-point or integer dtype");
+  rows.n = data.features.size(0);
+  rows.features = data.features.contiguous();
+  rows.feature_shape = data.features.sizes().slice(1).vec();
+  rows.feature_dtype = data.features.scalar_type();
+  if (data.labels.defined()) {
+    DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == rows.n, "Loader: ", rows.description, " has ",
+               rows.n, " samples but labels of shape ", data.labels.sizes(), ": one label row per sample");
+    DKIT_CHECK(data.labels.device().is_cpu(), "Loader: the labels of ", rows.description, " are on ",
+               data.labels.device().str(), ": a Loader reads data sets from host memory");
+    rows.has_labels = true;
+    rows.labels = data.labels.contiguous();
+    rows.label_shape = data.labels.sizes().slice(1).vec();
+    rows.label_dtype = data.labels.scalar_type();
+  }
+  return rows;
+}
+
+Rows rows_of(SampleSource source) {
+  Rows rows;
+  rows.description = source.description;
+  DKIT_CHECK(source.get != nullptr, "Loader: ", rows.description, " has no get function");
+  DKIT_CHECK(source.size >= 0, "Loader: ", rows.description, " has a negative size, ", source.size);
+  rows.n = source.size;
+  rows.get = std::move(source.get);
+  if (rows.n > 0) {
+    const auto [x, y] = rows.get(0);
+    DKIT_CHECK(x.defined(), "Loader: sample 0 of ", rows.description, " has no features");
+    DKIT_CHECK(loadable_features(x.scalar_type()), "Loader: the features of ", rows.description, " are ",
+               dtype_name(x.scalar_type()), ": expected a floating-point or integer dtype");
+    rows.feature_shape = x.sizes().vec();
+    rows.feature_dtype = x.scalar_type();
+    rows.has_labels = y.defined();
+    if (y.defined()) {
+      rows.label_shape = y.sizes().vec();
+      rows.label_dtype = y.scalar_type();
+    }
+  }
+  return rows;
 }
 
 } // namespace
@@ -81,27 +206,19 @@ struct Loader::Impl {
     int64_t global_samples;
   };
 
-  Impl(Dataset dataset, const Device& target, LoaderOptions loader_options)
-      : data(std::move(dataset)), device(with_index(target)), options(std::move(loader_options)) {
+  Impl(Rows source, const Device& target, LoaderOptions loader_options)
+      : data(std::move(source)), device(with_index(target)), options(std::move(loader_options)) {
     DKIT_CHECK(options.batch_size() >= 1, "loader batch_size must be at least 1, got ", options.batch_size());
     DKIT_CHECK(options.prefetch() >= 1, "loader prefetch must be at least 1, got ", options.prefetch());
     DKIT_CHECK(options.world_size() >= 1, "loader world_size must be at least 1, got ", options.world_size());
     DKIT_CHECK(options.rank() >= 0 && options.rank() < options.world_size(), "loader rank ", options.rank(),
                " is out of range for world_size ", options.world_size());
+    DKIT_CHECK(options.features_divisor() != 0 && std::isfinite(options.features_divisor()),
+               "loader features_divisor must be a finite number other than 0, got ", options.features_divisor());
     DKIT_CHECK(is_available(device), "loader device '", device.str(),
                "' is not available; available devices: ", available_devices());
-    TORCH_CHECK(data.features.defined() && data.features.dim() == 2 && data.features.scalar_type() == at::kFloat &&
-                    data.features.device().is_cpu(),
-                "Loader needs float32 CPU features of shape [N, F]");
-    DKIT_CHECK(data.size() > 0, "cannot load batches from an empty data set (", data.description, ")");
-    data.features = data.features.contiguous();
-    if (data.has_labels()) {
-      TORCH_CHECK(data.labels.dim() == 1 && data.labels.size(0) == data.size() &&
-                      data.labels.scalar_type() == at::kLong && data.labels.device().is_cpu(),
-                  "Loader needs int64 CPU labels of shape [", data.size(), "]");
-      data.labels = data.labels.contiguous();
-    }
-    n = data.size();
+    DKIT_CHECK(data.n > 0, "cannot load batches from an empty data set (", data.description, ")");
+    n = data.n;
     global_batch = options.batch_size() * options.world_size();
     batches = options.drop_last() ? n / global_batch : (n + global_batch - 1) / global_batch;
     used = options.drop_last() ? batches * global_batch : n;
@@ -111,8 +228,9 @@ struct Loader::Impl {
     threaded = placement == Placement::kPinned;
     pinned = threaded && device.is_cuda();
     if (placement == Placement::kDevice) {
+      data.materialize();
       device_features = to_device(data.features, device);
-      device_labels = data.has_labels() ? to_device(data.labels, device) : at::Tensor();
+      device_labels = data.has_labels ? to_device(data.labels, device) : at::Tensor();
     }
     if (threaded) {
       slots = std::vector<Slot>(static_cast<size_t>(options.prefetch()));
@@ -122,10 +240,8 @@ struct Loader::Impl {
       copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
       const auto host = at::TensorOptions().pinned_memory(true);
       for (auto& slot : slots) {
-        slot.host_features = at::empty({options.batch_size(), data.num_features()}, host.dtype(at::kFloat));
-        if (data.has_labels()) {
-          slot.host_labels = at::empty({options.batch_size()}, host.dtype(at::kLong));
-        }
+        slot.host_features = data.empty_features(options.batch_size(), host);
+        slot.host_labels = data.empty_labels(options.batch_size(), host);
       }
     }
 #endif
@@ -172,12 +288,9 @@ struct Loader::Impl {
       }
       return out;
     }
-    out.features = at::empty({r.rows, data.num_features()}, at::TensorOptions().dtype(at::kFloat));
-    gather_rows(data.features, indices(r), r.rows, out.features.data_ptr());
-    if (data.has_labels()) {
-      out.labels = at::empty({r.rows}, at::TensorOptions().dtype(at::kLong));
-      gather_rows(data.labels, indices(r), r.rows, out.labels.data_ptr());
-    }
+    out.features = data.empty_features(r.rows);
+    out.labels = data.empty_labels(r.rows);
+    data.gather(indices(r), r.rows, out.features, out.labels);
     if (device.is_cuda()) {
       out.features = out.features.to(device);
       if (out.labels.defined()) {
@@ -197,12 +310,11 @@ struct Loader::Impl {
       if (slot.copied.isCreated()) {
         C10_CUDA_CHECK(cudaEventSynchronize(slot.copied.event()));
       }
-      gather_rows(data.features, indices(r), r.rows, slot.host_features.data_ptr());
-      out.features = at::empty({r.rows, data.num_features()}, at::TensorOptions().dtype(at::kFloat).device(device));
+      data.gather(indices(r), r.rows, slot.host_features, slot.host_labels);
+      out.features = data.empty_features(r.rows, at::TensorOptions().device(device));
       out.features.copy_(slot.host_features.narrow(0, 0, r.rows), /*non_blocking=*/true);
-      if (data.has_labels()) {
-        gather_rows(data.labels, indices(r), r.rows, slot.host_labels.data_ptr());
-        out.labels = at::empty({r.rows}, at::TensorOptions().dtype(at::kLong).device(device));
+      if (data.has_labels) {
+        out.labels = data.empty_labels(r.rows, at::TensorOptions().device(device));
         out.labels.copy_(slot.host_labels.narrow(0, 0, r.rows), /*non_blocking=*/true);
       }
       slot.copied.record(*copy_stream);
@@ -210,20 +322,31 @@ struct Loader::Impl {
       return;
     }
 #endif
-    if (!sole_owner(slot.host_features) || (data.has_labels() && !sole_owner(slot.host_labels))) {
+    if (!sole_owner(slot.host_features) || (data.has_labels && !sole_owner(slot.host_labels))) {
       std::lock_guard<std::mutex> lock(mutex);
-      slot.host_features = at::empty({options.batch_size(), data.num_features()}, at::TensorOptions().dtype(at::kFloat));
-      if (data.has_labels()) {
-        slot.host_labels = at::empty({options.batch_size()}, at::TensorOptions().dtype(at::kLong));
-      }
+      slot.host_features = data.empty_features(options.batch_size());
+      slot.host_labels = data.empty_labels(options.batch_size());
     }
-    gather_rows(data.features, indices(r), r.rows, slot.host_features.data_ptr());
+    data.gather(indices(r), r.rows, slot.host_features, slot.host_labels);
     out.features = slot.host_features.narrow(0, 0, r.rows);
-    if (data.has_labels()) {
-      gather_rows(data.labels, indices(r), r.rows, slot.host_labels.data_ptr());
+    if (data.has_labels) {
       out.labels = slot.host_labels.narrow(0, 0, r.rows);
     }
     slot.ready = std::move(out);
+  }
+
+  // The batch as the caller gets it: its features converted and scaled as the options ask, on the current stream.
+  Batch convert(Batch batch) const {
+    bool owned = false;
+    if (options.features_dtype() && batch.features.scalar_type() != *options.features_dtype()) {
+      batch.features = batch.features.to(*options.features_dtype());
+      owned = true;
+    }
+    if (options.features_divisor() != 1.0) {
+      batch.features = owned ? batch.features.div_(options.features_divisor())
+                             : batch.features.div(options.features_divisor());
+    }
+    return batch;
   }
 
   Slot& slot_of(int64_t batch) {
@@ -306,7 +429,7 @@ struct Loader::Impl {
       if (next_batch >= batches) {
         return std::nullopt;
       }
-      return make_now(next_batch++);
+      return convert(make_now(next_batch++));
     }
     std::unique_lock<std::mutex> lock(mutex);
     if (taken >= 0) {
@@ -346,15 +469,15 @@ struct Loader::Impl {
       }
       slot.state = SlotState::kFree;
       changed.notify_all();
-      return batch;
+      return convert(std::move(batch));
     }
 #endif
     slot.state = SlotState::kTaken;
     taken = static_cast<int64_t>(index);
-    return batch;
+    return convert(std::move(batch));
   }
 
-  Dataset data;
+  Rows data;
   Device device;
   LoaderOptions options;
   Placement placement = Placement::kDevice;
@@ -388,7 +511,10 @@ struct Loader::Impl {
 };
 
 Loader::Loader(Dataset data, const Device& device, LoaderOptions options)
-    : impl_(std::make_unique<Impl>(std::move(data), device, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(rows_of(std::move(data)), device, std::move(options))) {}
+
+Loader::Loader(SampleSource source, const Device& device, LoaderOptions options)
+    : impl_(std::make_unique<Impl>(rows_of(std::move(source)), device, std::move(options))) {}
 
 Loader::~Loader() = default;
 Loader::Loader(Loader&&) noexcept = default;
@@ -430,6 +556,14 @@ const Device& Loader::device() const {
 
 const LoaderOptions& Loader::options() const {
   return impl_->options;
+}
+
+int64_t Loader::size() const {
+  return impl_->n;
+}
+
+const std::string& Loader::description() const {
+  return impl_->data.description;
 }
 
 std::vector<const void*> Loader::staging_buffers() const {

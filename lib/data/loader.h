@@ -1,17 +1,21 @@
 #pragma once
 
 #include <dkit/core/enum_names.h>
+#include <dkit/core/error.h>
 #include <dkit/data/dataset.h>
 #include <dkit/device/device.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dkit {
@@ -26,7 +30,8 @@ enum class Placement {
   /// A background thread gathers the next batches on the host into a ring of `prefetch` reused page-locked
   /// buffers, and copies them to the GPU with `non_blocking` copies on a dedicated copy stream; the compute
   /// stream waits on an event, so the copy of batch k+1 overlaps the compute of batch k. Page-locked memory needs
-  /// CUDA: for a CPU device the buffers are ordinary host memory (one info line is logged, once per process).
+  /// CUDA: for a CPU device the buffers are ordinary host memory (pinned() says which; dkit::Trainer logs a line
+  /// saying so).
   kPinned,
   /// Each batch is gathered on the host into a fresh tensor and copied with a blocking `.to(device)`; the simple
   /// baseline.
@@ -75,14 +80,51 @@ struct LoaderOptions {
   TORCH_ARG(int64_t, rank) = 0;
   /// Number of processes sharing each global batch.
   TORCH_ARG(int64_t, world_size) = 1;
+  /// Converts each batch's features to this dtype on the device, after the copy: 8-bit images then travel and sit in
+  /// host memory as bytes, a quarter of float32. Unset, the features keep the data set's dtype.
+  TORCH_ARG(std::optional<c10::ScalarType>, features_dtype) = std::nullopt;
+  /// Divides each batch's features by this on the device, after features_dtype's conversion: 255 scales 8-bit
+  /// pixels to [0, 1] as LibTorch's MNIST data set and torchvision's ToTensor do (a division, bitwise theirs).
+  TORCH_ARG(double, features_divisor) = 1.0;
 };
+
+/// Samples read one at a time, as a LibTorch `torch::data` dataset gives them (its `get(i)` and `size()`): the way
+/// a data set that is not a pair of tensors in memory reaches a Loader. samples_of() makes one of such a dataset.
+struct SampleSource {
+  /// Number of samples.
+  int64_t size = 0;
+  /// Sample `i`, in [0, size): its features and its label (a 0-d class index, any tensor, or undefined for none).
+  /// Every sample must have the shapes and dtypes of sample 0. Called from the loader's thread.
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> get;
+  /// Where the samples come from, for logs and errors.
+  std::string description = "a sample source";
+};
+
+/// A SampleSource over a LibTorch `torch::data` dataset (anything with `get(size_t)` returning a `torch::data::Example`
+/// and `size()` returning its length, such as `torch::data::datasets::MNIST` or a user's own dataset, mapped or not).
+/// The dataset is copied into the source and shared with its copies.
+template <typename TorchDataset>
+SampleSource samples_of(TorchDataset dataset, std::string description = "a torch::data dataset") {
+  auto shared = std::make_shared<TorchDataset>(std::move(dataset));
+  const auto size = shared->size();
+  DKIT_CHECK(size.has_value(), description, " does not know its size: a Loader needs size() of its dataset");
+  SampleSource source;
+  source.size = static_cast<int64_t>(*size);
+  source.get = [shared](int64_t index) {
+    auto example = shared->get(static_cast<size_t>(index));
+    return std::make_pair(at::Tensor(example.data), at::Tensor(example.target));
+  };
+  source.description = std::move(description);
+  return source;
+}
 
 /// One process's share of one global batch, on the Loader's device.
 struct Batch {
-  /// Inputs `[rows, F]`, float32. `rows` is `batch_size` except in a short last batch, where it may be smaller or
-  /// even 0 for the higher ranks.
+  /// Inputs `[rows, ...]`, each row of the data set's shape, in its dtype or LoaderOptions::features_dtype. `rows`
+  /// is `batch_size` except in a short last batch, where it may be smaller or even 0 for the higher ranks.
   at::Tensor features;
-  /// Class indices `[rows]`, int64; undefined when the data set has no labels.
+  /// Labels `[rows, ...]` in the data set's dtype (class indices `[rows]`, int64, for a classifier); undefined when
+  /// the data set has no labels.
   at::Tensor labels;
   /// Samples in the whole global batch, over all ranks: divide a summed loss by it to get the global mean.
   int64_t global_samples = 0;
@@ -109,8 +151,12 @@ struct Batch {
 /// than overwritten. Treat batches as read-only: unshuffled kDevice batches are views of the data set itself.
 class Loader {
  public:
-  /// A loader over `data` (float32 features, as after Normalization::apply) delivering batches on `device`.
+  /// A loader over `data` delivering batches on `device`: features `[N, ...]` of a floating-point or integer dtype,
+  /// labels `[N, ...]` of any dtype or undefined, both on the CPU. Bad data is a dkit::Error naming it.
   Loader(Dataset data, const Device& device, LoaderOptions options);
+  /// A loader over samples read one at a time (a `torch::data` dataset, see samples_of()). The loader thread of
+  /// kPinned calls `source.get` for each row of a batch; kDevice reads every sample once, at construction.
+  Loader(SampleSource source, const Device& device, LoaderOptions options);
   /// Stops the prefetch thread, if any, and waits for it.
   ~Loader();
   Loader(const Loader&) = delete;
@@ -143,6 +189,10 @@ class Loader {
   const Device& device() const;
   /// The options the loader was built with.
   const LoaderOptions& options() const;
+  /// Samples in the data set.
+  int64_t size() const;
+  /// Where the samples come from, for logs.
+  const std::string& description() const;
   /// Addresses of the kPinned ring's host feature buffers, one per slot (empty for other placements), for tests
   /// and diagnostics: they stay the same from batch to batch and epoch to epoch when the ring reuses them.
   std::vector<const void*> staging_buffers() const;

@@ -335,6 +335,90 @@ TEST_F(LoaderTest, ParsesPlacementNames) {
   EXPECT_EQ(resolve_placement(Placement::kPageable, gpu(0)), Placement::kPageable);
 }
 
+// Images as bytes: batches keep the data set's shape, travel as uint8, and become float32 in [0, 1] on the device,
+// bitwise x / 255 as LibTorch's MNIST dataset scales them.
+TEST_F(LoaderTest, ImageBatchesKeepTheirShapeAndAreScaledOnTheDevice) {
+  Dataset images;
+  images.features = torch::randint(0, 256, {20, 1, 4, 5}, torch::kUInt8);
+  images.labels = torch::arange(20) % 3;
+  for (const Placement placement : {Placement::kDevice, Placement::kPinned, Placement::kPageable}) {
+    SCOPED_TRACE(to_string(placement));
+    Loader loader(images, cpu(),
+                  LoaderOptions(8).placement(placement).features_dtype(torch::kFloat).features_divisor(255));
+    const auto batches = epoch_batches(loader, 0);
+    ASSERT_EQ(batches.size(), 3u);
+    const at::Tensor order = sample_order(20, 0, 0);
+    for (const auto& batch : batches) {
+      EXPECT_EQ(batch.features.scalar_type(), torch::kFloat);
+      EXPECT_EQ(batch.features.sizes().slice(1), at::IntArrayRef({1, 4, 5}));
+      const at::Tensor rows = order.narrow(0, batch.index * 8, batch.size());
+      EXPECT_TRUE(torch::equal(batch.features, images.features.index_select(0, rows).to(torch::kFloat) / 255));
+      EXPECT_TRUE(torch::equal(batch.labels, images.labels.index_select(0, rows)));
+    }
+  }
+}
+
+TEST_F(LoaderTest, LabelsMayHaveAnyShapeAndDtype) {
+  Dataset data = indexed(10);
+  data.labels = torch::arange(20, torch::kFloat).view({10, 2});
+  Loader loader(data, cpu(), LoaderOptions(4).shuffle(false).placement(Placement::kPinned));
+  const auto batches = epoch_batches(loader, 0);
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_TRUE(torch::equal(batches[1].labels, data.labels.narrow(0, 4, 4)));
+  EXPECT_TRUE(torch::equal(batches[2].labels, data.labels.narrow(0, 8, 2)));
+}
+
+// A user's LibTorch dataset: samples one at a time through its get(i).
+class IndexedDataset : public torch::data::datasets::Dataset<IndexedDataset> {
+ public:
+  explicit IndexedDataset(dkit::Dataset data) : data_(std::move(data)) {}
+  torch::data::Example<> get(size_t index) override {
+    return {data_.features[static_cast<int64_t>(index)], data_.labels[static_cast<int64_t>(index)]};
+  }
+  c10::optional<size_t> size() const override {
+    return static_cast<size_t>(data_.size());
+  }
+
+ private:
+  dkit::Dataset data_;
+};
+
+TEST_F(LoaderTest, ATorchDataDatasetGivesTheSameBatchesAsItsTensors) {
+  const Dataset data = indexed(23);
+  for (const Placement placement : {Placement::kDevice, Placement::kPinned, Placement::kPageable}) {
+    SCOPED_TRACE(to_string(placement));
+    Loader tensors(data, cpu(), LoaderOptions(5).placement(placement).world_size(2).rank(1));
+    Loader samples(samples_of(IndexedDataset(data), "indexed samples"), cpu(),
+                   LoaderOptions(5).placement(placement).world_size(2).rank(1));
+    EXPECT_EQ(samples.size(), 23);
+    EXPECT_EQ(samples.description(), "indexed samples");
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      expect_same_batches(epoch_batches(tensors, epoch), epoch_batches(samples, epoch),
+                          "epoch " + std::to_string(epoch));
+    }
+  }
+}
+
+TEST_F(LoaderTest, BadDataIsRefusedWithItsName) {
+  Dataset complex = indexed(4);
+  complex.features = torch::zeros({4, 2}, torch::kComplexFloat);
+  EXPECT_EQ(error_message([&] { Loader(complex, cpu(), LoaderOptions(2)); }),
+            "Loader: the features of indexed are complex64: expected a floating-point or integer dtype");
+  Dataset short_labels = indexed(4);
+  short_labels.labels = torch::arange(3);
+  EXPECT_EQ(error_message([&] { Loader(short_labels, cpu(), LoaderOptions(2)); }),
+            "Loader: indexed has 4 samples but labels of shape [3]: one label row per sample");
+  SampleSource ragged;
+  ragged.size = 3;
+  ragged.description = "ragged";
+  ragged.get = [](int64_t i) { return std::make_pair(torch::zeros({i == 2 ? 3 : 2}), torch::tensor(i)); };
+  Loader loader(ragged, cpu(), LoaderOptions(3).placement(Placement::kPinned).shuffle(false));
+  loader.start_epoch(0);
+  EXPECT_EQ(error_message([&] { loader.next(); }),
+            "ragged: sample 2 has features [3] (float32) but sample 0 has [2] (float32): every sample must have the "
+            "same shapes and dtypes");
+}
+
 TEST_F(LoaderTest, EveryPlacementAgreesOnTheGpu_CUDA) {
   Loader reference(indexed(301), cpu(), LoaderOptions(16).seed(4));
   const auto expected = epoch_batches(reference, 2);
