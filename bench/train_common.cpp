@@ -98,6 +98,11 @@ std::unique_ptr<torch::optim::Optimizer> BenchOptimizer::make(const std::vector<
       }
       return std::make_unique<torch::optim::AdamW>(params, options);
     }
+    case OptimizerKind::kRmsprop:
+      return std::make_unique<torch::optim::RMSprop>(
+          params, torch::optim::RMSpropOptions(lr).momentum(momentum).weight_decay(weight_decay));
+    case OptimizerKind::kAdagrad:
+      return std::make_unique<torch::optim::Adagrad>(params, torch::optim::AdagradOptions(lr).weight_decay(weight_decay));
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(kind));
 }

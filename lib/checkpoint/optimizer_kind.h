@@ -14,20 +14,28 @@ enum class OptimizerKind {
   kAdam,
   /// `torch::optim::AdamW` with decoupled `train.weight_decay`.
   kAdamW,
+  /// `torch::optim::RMSprop` with `train.momentum` and `train.weight_decay`.
+  kRmsprop,
+  /// `torch::optim::Adagrad` with `train.weight_decay`.
+  kAdagrad,
 };
 
 /// The name of each OptimizerKind, as `train.optimizer` spells it.
-inline constexpr EnumNames<OptimizerKind, 3> kOptimizerNames = {{
+inline constexpr EnumNames<OptimizerKind, 5> kOptimizerNames = {{
     {OptimizerKind::kSgd, "sgd"},
     {OptimizerKind::kAdam, "adam"},
     {OptimizerKind::kAdamW, "adamw"},
+    {OptimizerKind::kRmsprop, "rmsprop"},
+    {OptimizerKind::kAdagrad, "adagrad"},
 }};
 
 /// The LibTorch class of each OptimizerKind (`torch::optim::SGD`, ...), as checkpoint errors name it.
-inline constexpr EnumNames<OptimizerKind, 3> kOptimizerClassNames = {{
+inline constexpr EnumNames<OptimizerKind, 5> kOptimizerClassNames = {{
     {OptimizerKind::kSgd, "SGD"},
     {OptimizerKind::kAdam, "Adam"},
     {OptimizerKind::kAdamW, "AdamW"},
+    {OptimizerKind::kRmsprop, "RMSprop"},
+    {OptimizerKind::kAdagrad, "Adagrad"},
 }};
 
 /// The name kOptimizerNames gives `kind`.

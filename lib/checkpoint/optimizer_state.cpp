@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
+#include <limits>
 #include <map>
 
 namespace dkit {
@@ -20,6 +22,12 @@ using torch::optim::AdamParamState;
 using torch::optim::AdamW;
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
+using torch::optim::Adagrad;
+using torch::optim::AdagradOptions;
+using torch::optim::AdagradParamState;
+using torch::optim::RMSprop;
+using torch::optim::RMSpropOptions;
+using torch::optim::RMSpropParamState;
 using torch::optim::SGD;
 using torch::optim::SGDOptions;
 using torch::optim::SGDParamState;
@@ -34,7 +42,39 @@ OptimizerKind optimizer_kind(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const AdamW*>(&optimizer) != nullptr) {
     return OptimizerKind::kAdamW;
   }
-  throw Error("optimizer state can be saved and restored for torch::optim::SGD, Adam and AdamW only");
+  if (dynamic_cast<const RMSprop*>(&optimizer) != nullptr) {
+    return OptimizerKind::kRmsprop;
+  }
+  if (dynamic_cast<const Adagrad*>(&optimizer) != nullptr) {
+    return OptimizerKind::kAdagrad;
+  }
+  throw Error("optimizer state can be saved and restored for torch::optim::SGD, Adam, AdamW, RMSprop and Adagrad "
+              "only");
+}
+
+// The optimizer a saved parameter group is of, from the options only it has; std::nullopt when none says.
+std::optional<OptimizerKind> saved_kind(const PickleValue& group) {
+  if (!group.is_dict()) {
+    return std::nullopt;
+  }
+  if (group.find("betas") != nullptr) {
+    return OptimizerKind::kAdam;
+  }
+  if (group.find("alpha") != nullptr) {
+    return OptimizerKind::kRmsprop;
+  }
+  if (group.find("lr_decay") != nullptr) {
+    return OptimizerKind::kAdagrad;
+  }
+  if (group.find("dampening") != nullptr) {
+    return OptimizerKind::kSgd;
+  }
+  return std::nullopt;
+}
+
+// Adam and AdamW keep the same options and state.
+OptimizerKind family(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdamW ? OptimizerKind::kAdam : kind;
 }
 
 template <typename Map>
@@ -75,6 +115,30 @@ PickleValue group_options(OptimizerKind kind, const torch::optim::OptimizerOptio
     group.set("capturable", false);
     group.set("differentiable", false);
   };
+  if (kind == OptimizerKind::kRmsprop) {
+    const auto& o = static_cast<const RMSpropOptions&>(options);
+    group.set("lr", o.lr());
+    group.set("momentum", o.momentum());
+    group.set("alpha", o.alpha());
+    group.set("eps", o.eps());
+    group.set("centered", o.centered());
+    group.set("weight_decay", o.weight_decay());
+    group.set("foreach", PickleValue());
+    group.set("maximize", false);
+    group.set("differentiable", false);
+    return group;
+  }
+  if (kind == OptimizerKind::kAdagrad) {
+    const auto& o = static_cast<const AdagradOptions&>(options);
+    group.set("lr", o.lr());
+    group.set("lr_decay", o.lr_decay());
+    group.set("weight_decay", o.weight_decay());
+    group.set("initial_accumulator_value", o.initial_accumulator_value());
+    group.set("eps", o.eps());
+    group.set("foreach", PickleValue());
+    group.set("maximize", false);
+    return group;
+  }
   if (kind == OptimizerKind::kAdam) {
     write_adam(static_cast<const AdamOptions&>(options));
     group.set("fused", false);
@@ -96,6 +160,24 @@ PickleValue param_state(OptimizerKind kind, const torch::optim::OptimizerParamSt
   PickleValue entry = PickleValue::dict();
   if (kind == OptimizerKind::kSgd) {
     entry.set("momentum_buffer", static_cast<const SGDParamState&>(state).momentum_buffer());
+    return entry;
+  }
+  if (kind == OptimizerKind::kRmsprop) {
+    const auto& s = static_cast<const RMSpropParamState&>(state);
+    entry.set("step", s.step());
+    entry.set("square_avg", s.square_avg());
+    if (s.momentum_buffer().defined()) {
+      entry.set("momentum_buffer", s.momentum_buffer());
+    }
+    if (s.grad_avg().defined()) {
+      entry.set("grad_avg", s.grad_avg());
+    }
+    return entry;
+  }
+  if (kind == OptimizerKind::kAdagrad) {
+    const auto& s = static_cast<const AdagradParamState&>(state);
+    entry.set("step", step_tensor(s.step()));
+    entry.set("sum", s.sum());
     return entry;
   }
   const auto write_adam = [&](const auto& s) {
@@ -126,7 +208,7 @@ at::Tensor state_tensor(const Fields& fields, const char* key, const at::Tensor&
   return value.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
-int64_t adam_step(const Fields& fields) {
+int64_t saved_step(const Fields& fields) {
   const PickleValue& value = fields.get("step");
   double step = 0;
   if (value.is_tensor()) {
@@ -152,8 +234,22 @@ std::unique_ptr<torch::optim::OptimizerParamState> read_param_state(OptimizerKin
     state->momentum_buffer(buffer);
     return state;
   }
+  if (kind == OptimizerKind::kRmsprop) {
+    auto state = std::make_unique<RMSpropParamState>();
+    state->step(saved_step(fields));
+    state->square_avg(state_tensor(fields, "square_avg", param, false));
+    state->momentum_buffer(state_tensor(fields, "momentum_buffer", param, true));
+    state->grad_avg(state_tensor(fields, "grad_avg", param, true));
+    return state;
+  }
+  if (kind == OptimizerKind::kAdagrad) {
+    auto state = std::make_unique<AdagradParamState>();
+    state->step(saved_step(fields));
+    state->sum(state_tensor(fields, "sum", param, false));
+    return state;
+  }
   const auto read_adam = [&](auto state) {
-    state->step(adam_step(fields));
+    state->step(saved_step(fields));
     state->exp_avg(state_tensor(fields, "exp_avg", param, false));
     state->exp_avg_sq(state_tensor(fields, "exp_avg_sq", param, false));
     state->max_exp_avg_sq(state_tensor(fields, "max_exp_avg_sq", param, true));
@@ -169,6 +265,25 @@ std::unique_ptr<torch::optim::OptimizerOptions> read_group_options(OptimizerKind
                                                                    const torch::optim::OptimizerOptions& current) {
   DKIT_CHECK(!fields.flag("maximize", false), fields.where(), ": maximize=True, which LibTorch's ",
              name_of(kOptimizerClassNames, kind), " does not support");
+  if (kind == OptimizerKind::kRmsprop) {
+    auto options = std::make_unique<RMSpropOptions>(static_cast<const RMSpropOptions&>(current));
+    options->lr(fields.number("lr"))
+        .momentum(fields.number("momentum"))
+        .alpha(fields.number("alpha"))
+        .eps(fields.number("eps"))
+        .centered(fields.flag("centered", false))
+        .weight_decay(fields.number("weight_decay"));
+    return options;
+  }
+  if (kind == OptimizerKind::kAdagrad) {
+    auto options = std::make_unique<AdagradOptions>(static_cast<const AdagradOptions&>(current));
+    options->lr(fields.number("lr"))
+        .lr_decay(fields.number("lr_decay"))
+        .weight_decay(fields.number("weight_decay"))
+        .initial_accumulator_value(fields.number("initial_accumulator_value"))
+        .eps(fields.number("eps"));
+    return options;
+  }
   if (kind == OptimizerKind::kSgd) {
     DKIT_CHECK(fields.find("momentum") != nullptr, fields.where(),
                " has no 'momentum': the optimizer state is not for SGD");
@@ -236,6 +351,13 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleV
   auto& groups = optimizer.param_groups();
   DKIT_CHECK(saved_groups.items().size() == groups.size(), source, ": the saved optimizer state has ",
              saved_groups.items().size(), " parameter groups, the optimizer has ", groups.size());
+  if (!saved_groups.items().empty()) {
+    const std::optional<OptimizerKind> saved = saved_kind(saved_groups.items().front());
+    DKIT_CHECK(!saved || family(*saved) == family(kind), source, ": it holds the state of a torch.optim.",
+               *saved == OptimizerKind::kAdam ? "Adam or AdamW" : std::string(name_of(kOptimizerClassNames, *saved)),
+               ", but the optimizer is a torch::optim::", name_of(kOptimizerClassNames, kind),
+               "; resume with the optimizer it was saved with");
+  }
 
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
   std::map<int64_t, at::Tensor> params_by_id;
@@ -273,6 +395,32 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleV
   for (auto& [param, param_state] : param_states) {
     states[state_key(states, param)] = std::move(param_state);
   }
+}
+
+namespace {
+
+// LibTorch's schedulers keep their position in a protected member: reached through a pointer to it, formed in a
+// class derived from LRScheduler, as C++ allows.
+struct SchedulerPosition : torch::optim::LRScheduler {
+  static unsigned& of(torch::optim::LRScheduler& scheduler) {
+    return scheduler.*(&SchedulerPosition::step_count_);
+  }
+};
+
+} // namespace
+
+PickleValue scheduler_state_dict(const torch::optim::LRScheduler& scheduler) {
+  auto& mutable_scheduler = const_cast<torch::optim::LRScheduler&>(scheduler);
+  return PickleValue::dict({{"step_count", static_cast<int64_t>(SchedulerPosition::of(mutable_scheduler))}});
+}
+
+void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const PickleValue& state,
+                               const std::string& source) {
+  const Fields fields(state, source + ": the scheduler state");
+  const int64_t count = fields.integer("step_count");
+  DKIT_CHECK(count >= 0 && count <= static_cast<int64_t>(std::numeric_limits<unsigned>::max()), fields.where(),
+             ": 'step_count' is ", count, ", expected a count of steps");
+  SchedulerPosition::of(scheduler) = static_cast<unsigned>(count);
 }
 
 } // namespace dkit

@@ -14,6 +14,7 @@
 #include <vector>
 
 namespace torch::optim {
+class LRScheduler;
 class Optimizer;
 } // namespace torch::optim
 
@@ -39,18 +40,29 @@ void restore_rng_state(const RngState& state);
 
 /// The optimizer's state in the layout of Python's `optimizer.state_dict()`: `{'state': {index: {...}},
 /// 'param_groups': [{'lr': ..., ..., 'params': [indices]}]}`, parameters numbered across the groups in order.
-/// Supports `torch::optim::SGD`, `Adam` and `AdamW`; the entries are those PyTorch writes for the same
-/// optimizer (SGD: `momentum_buffer`; Adam, AdamW: `step` as a float32 tensor, `exp_avg`, `exp_avg_sq`,
-/// `max_exp_avg_sq` with amsgrad). The tensors are the optimizer's own, not copies.
+/// Supports `torch::optim::SGD`, `Adam`, `AdamW`, `RMSprop` and `Adagrad` (dkit's fused optimizers are these); the
+/// entries are those PyTorch writes for the same optimizer (SGD: `momentum_buffer`; Adam, AdamW: `step` as a float32
+/// tensor, `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` with amsgrad; RMSprop: `step` as an int, `square_avg`,
+/// `momentum_buffer` with momentum, `grad_avg` when centered; Adagrad: `step` as a float32 tensor, `sum`). The tensors are the optimizer's own, not copies.
 PickleValue optimizer_state_dict(const torch::optim::Optimizer& optimizer);
 
 /// Restores state written by optimizer_state_dict() or by Python's `optimizer.state_dict()` into `optimizer`:
 /// the options of each parameter group (lr, momentum, betas, ...) and each parameter's state, moved to the
-/// parameter's device and dtype. The optimizer must have been built over the same parameters in the same order;
-/// group and parameter counts and state shapes are checked. Restoring bitwise what was saved, continuing
-/// training gives bitwise the same result as not stopping. `source` names the file in errors.
+/// parameter's device and dtype. The optimizer must be of the kind that saved it (an error names both) and have been
+/// built over the same parameters in the same order; group and parameter counts and state shapes are checked.
+/// Restoring bitwise what was saved, continuing training gives bitwise the same result as not stopping. `source`
+/// names the file in errors.
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const PickleValue& state,
                                const std::string& source = "optimizer state");
+
+/// The position of a LibTorch learning-rate scheduler (`torch::optim::StepLR`, any `torch::optim::LRScheduler`):
+/// `{'step_count': n}`, the number of its step() calls, which is all a LibTorch scheduler keeps besides the
+/// optimizer's learning rates (saved with the optimizer's state).
+PickleValue scheduler_state_dict(const torch::optim::LRScheduler& scheduler);
+
+/// Puts `scheduler` back where scheduler_state_dict() found it; `source` names the file in errors.
+void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const PickleValue& state,
+                               const std::string& source = "scheduler state");
 
 /// Everything needed to continue training exactly where it stopped. Saved as a torch.save-compatible file
 /// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict of the

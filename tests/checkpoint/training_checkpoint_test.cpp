@@ -22,7 +22,7 @@ using test::error_message;
 using test::fixture;
 namespace fs = std::filesystem;
 
-enum class Kind { kSGD, kAdam, kAdamAmsgrad, kAdamW };
+enum class Kind { kSGD, kAdam, kAdamAmsgrad, kAdamW, kRmsprop, kAdagrad };
 
 std::string kind_name(Kind kind) {
   switch (kind) {
@@ -30,6 +30,8 @@ std::string kind_name(Kind kind) {
     case Kind::kAdam: return "Adam";
     case Kind::kAdamAmsgrad: return "AdamAmsgrad";
     case Kind::kAdamW: return "AdamW";
+    case Kind::kRmsprop: return "RMSprop";
+    case Kind::kAdagrad: return "Adagrad";
   }
   return "";
 }
@@ -45,6 +47,12 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Kind kind, const std::ve
                                                   torch::optim::AdamOptions(1e-2).amsgrad(true).weight_decay(1e-3));
     case Kind::kAdamW:
       return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+    case Kind::kRmsprop:
+      return std::make_unique<torch::optim::RMSprop>(
+          params, torch::optim::RMSpropOptions(1e-2).momentum(0.9).centered(true).weight_decay(1e-4));
+    case Kind::kAdagrad:
+      return std::make_unique<torch::optim::Adagrad>(
+          params, torch::optim::AdagradOptions(1e-1).lr_decay(1e-3).initial_accumulator_value(0.1));
   }
   return nullptr;
 }
@@ -99,7 +107,12 @@ void expect_same_optimizer_state(const torch::optim::Optimizer& a, const torch::
     const PickleValue* other = sb.find("state")->find(index.to_int());
     ASSERT_NE(other, nullptr);
     for (const auto& [name, value] : entry.entries()) {
-      EXPECT_TRUE(torch::equal(value.to_tensor(), other->find(name.to_string())->to_tensor()))
+      const PickleValue& mine = *other->find(name.to_string());
+      if (value.is_int()) {
+        EXPECT_EQ(value.to_int(), mine.to_int()) << "parameter " << index.to_int() << " " << name.to_string();
+        continue;
+      }
+      EXPECT_TRUE(torch::equal(value.to_tensor(), mine.to_tensor()))
           << "parameter " << index.to_int() << " " << name.to_string();
     }
   }
@@ -125,7 +138,8 @@ TEST_P(TrainingCheckpointTest, OptimizerStateRoundTripsBitwise) {
   if (GetParam() != Kind::kSGD) {
     const PickleValue saved = optimizer_state_dict(*restored);
     const PickleValue& state = *saved.find("state")->find(int64_t{0});
-    EXPECT_EQ(state.find("step")->to_tensor().item<float>(), 5.0f);
+    const PickleValue& step = *state.find("step");
+    EXPECT_EQ(step.is_int() ? static_cast<float>(step.to_int()) : step.to_tensor().item<float>(), 5.0f);
     EXPECT_EQ(state.find("max_exp_avg_sq") != nullptr, GetParam() == Kind::kAdamAmsgrad);
   }
 }
@@ -158,7 +172,8 @@ TEST_P(TrainingCheckpointTest, ContinuingAfterRestoreMatchesNotStoppingBitwise) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, TrainingCheckpointTest,
-                         ::testing::Values(Kind::kSGD, Kind::kAdam, Kind::kAdamAmsgrad, Kind::kAdamW),
+                         ::testing::Values(Kind::kSGD, Kind::kAdam, Kind::kAdamAmsgrad, Kind::kAdamW, Kind::kRmsprop,
+                                           Kind::kAdagrad),
                          [](const auto& param_info) { return kind_name(param_info.param); });
 
 class TrainingCheckpointFileTest : public test::SeedingFixture {
@@ -240,6 +255,79 @@ print("ok")
   }
 }
 
+// RMSprop's and Adagrad's state in PyTorch's layout: Python's optimizer loads it and its next step is LibTorch's.
+TEST_F(TrainingCheckpointFileTest, PythonContinuesRmspropAndAdagradState) {
+  DKIT_SKIP_WITHOUT_PYTHON_TORCH();
+  const std::vector<std::pair<Kind, std::string>> cases = {
+      {Kind::kRmsprop, "torch.optim.RMSprop(net.parameters())"},
+      {Kind::kAdagrad, "torch.optim.Adagrad(net.parameters())"}};
+  for (const auto& [kind, python_optimizer] : cases) {
+    SCOPED_TRACE(kind_name(kind));
+    Mlp net(MlpOptions(4, {8}, 3));
+    auto optimizer = make_optimizer(kind, net->parameters());
+    train(net, *optimizer, 3);
+    save_training_checkpoint(dir_.file("c.pt"), snapshot(net, *optimizer, 3));
+    const auto x = torch::randn({8, 4});
+    const auto y = torch::randint(0, 3, {8});
+    write_torch_file(dir_.file("batch.pt"), PickleValue::dict({{"x", x}, {"y", y}}));
+    const auto result = test::run_python(dir_.file("check.py"), R"(import sys, torch
+ck = torch.load(sys.argv[1])
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+net.load_state_dict(ck["model_state_dict"])
+opt = )" + python_optimizer + R"(
+opt.load_state_dict(ck["optimizer_state_dict"])
+assert float(opt.state_dict()["state"][0]["step"]) == 3.0
+batch = torch.load(sys.argv[2])
+opt.zero_grad()
+torch.nn.functional.cross_entropy(net(batch["x"]), batch["y"]).backward()
+opt.step()
+torch.save(net.state_dict(), sys.argv[3])
+print("ok")
+)",
+                                          dir_.file("c.pt") + " " + dir_.file("batch.pt") + " " + dir_.file("after.pt"));
+    ASSERT_EQ(result.status, 0) << result.output;
+    optimizer->zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    optimizer->step();
+    const StateDict python = read_state_dict(dir_.file("after.pt"));
+    for (const auto& item : module_state_dict(*net)) {
+      EXPECT_TRUE(torch::allclose(item.value(), python[item.key()], 1e-6, 1e-6)) << item.key();
+    }
+  }
+}
+
+// A LibTorch scheduler's position, restored with the optimizer's learning rate, continues its schedule exactly.
+TEST_F(TrainingCheckpointFileTest, AStepLrSchedulerContinuesWhereItStopped) {
+  Mlp net(MlpOptions(4, {3}, 3));
+  torch::optim::SGD straight(net->parameters(), torch::optim::SGDOptions(1.0));
+  torch::optim::StepLR straight_schedule(straight, /*step_size=*/3, /*gamma=*/0.5);
+  load_scheduler_state_dict(straight_schedule, PickleValue::dict({{"step_count", int64_t{0}}}));
+  std::vector<double> expected;
+  PickleValue optimizer_state;
+  PickleValue schedule_state;
+  for (int i = 0; i < 10; ++i) {
+    if (i == 4) {
+      optimizer_state = optimizer_state_dict(straight);
+      schedule_state = scheduler_state_dict(straight_schedule);
+    }
+    straight_schedule.step();
+    expected.push_back(straight.param_groups()[0].options().get_lr());
+  }
+  EXPECT_EQ(schedule_state.find("step_count")->to_int(), 4);
+  torch::optim::SGD resumed(net->parameters(), torch::optim::SGDOptions(1.0));
+  torch::optim::StepLR resumed_schedule(resumed, /*step_size=*/3, /*gamma=*/0.5);
+  load_optimizer_state_dict(resumed, optimizer_state, "c.pt");
+  load_scheduler_state_dict(resumed_schedule, schedule_state, "c.pt");
+  for (int i = 4; i < 10; ++i) {
+    resumed_schedule.step();
+    EXPECT_EQ(resumed.param_groups()[0].options().get_lr(), expected[static_cast<size_t>(i)]) << "step " << i;
+  }
+  EXPECT_EQ(error_message([&] {
+              load_scheduler_state_dict(resumed_schedule, PickleValue::dict({{"step_count", int64_t{-1}}}), "c.pt");
+            }),
+            "c.pt: the scheduler state: 'step_count' is -1, expected a count of steps");
+}
+
 TEST_F(TrainingCheckpointFileTest, LoadsPythonAdamState) {
   const std::string path = fixture("general_checkpoint.pt");
   const PickleValue root = read_torch_file(path).root;
@@ -262,7 +350,8 @@ TEST_F(TrainingCheckpointFileTest, ExplainsOptimizerStateThatDoesNotFit) {
   const PickleValue sgd_state = optimizer_state_dict(sgd);
   torch::optim::Adam adam(net->parameters());
   EXPECT_EQ(error_message([&] { load_optimizer_state_dict(adam, sgd_state, "x.pt"); }),
-            "x.pt: parameter group 0 has no 'betas': the optimizer state is not for Adam");
+            "x.pt: it holds the state of a torch.optim.SGD, but the optimizer is a torch::optim::Adam; resume with the "
+            "optimizer it was saved with");
   Mlp wider(MlpOptions(4, {5}, 3));
   torch::optim::SGD wider_sgd(wider->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   EXPECT_EQ(error_message([&] { load_optimizer_state_dict(wider_sgd, sgd_state, "x.pt"); }),
@@ -271,9 +360,9 @@ TEST_F(TrainingCheckpointFileTest, ExplainsOptimizerStateThatDoesNotFit) {
   torch::optim::SGD deeper_sgd(deeper->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   EXPECT_EQ(error_message([&] { load_optimizer_state_dict(deeper_sgd, sgd_state, "x.pt"); }),
             "x.pt: parameter group 0 has 4 parameters in the saved state, 6 in the optimizer");
-  torch::optim::RMSprop rmsprop(net->parameters());
-  EXPECT_EQ(error_message([&] { optimizer_state_dict(rmsprop); }),
-            "optimizer state can be saved and restored for torch::optim::SGD, Adam and AdamW only");
+  torch::optim::LBFGS lbfgs(net->parameters());
+  EXPECT_EQ(error_message([&] { optimizer_state_dict(lbfgs); }),
+            "optimizer state can be saved and restored for torch::optim::SGD, Adam, AdamW, RMSprop and Adagrad only");
 }
 
 TEST_F(TrainingCheckpointFileTest, ExplainsAFileThatIsNotATrainingCheckpoint) {

@@ -123,7 +123,7 @@ TEST_F(ConfigTest, OutOfRangeValuesAreErrors) {
   EXPECT_EQ(error_message([] { resolve("data: {path: d.csv, val_fraction: 1}"); }),
             "config key 'data.val_fraction' (test.yaml line 1) must be in [0, 1), got 1");
   EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}\ntrain: {optimizer: lbfgs}"); }),
-            "config key 'train.optimizer' (test.yaml line 2) must be one of sgd, adam, adamw, got 'lbfgs'");
+            "config key 'train.optimizer' (test.yaml line 2) must be one of sgd, adam, adamw, rmsprop, adagrad, got 'lbfgs'");
   EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}\ndevice: gpu0"); }),
             "config key 'device' (test.yaml line 2) must be auto, cpu, cuda or cuda:N, got 'gpu0'");
   EXPECT_EQ(error_message([] { resolve("data: {path: d.csv}\nmodel: {hidden: [8, 0]}"); }),
