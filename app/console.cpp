@@ -5,24 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 
 namespace dkit::app {
-namespace {
-
-std::shared_ptr<StopRequest> g_stop;
-
-void on_stop_signal(int signal) {
-  if (g_stop->reason() != 0) {
-    _exit(128 + signal);
-  }
-  g_stop->request(signal);
-}
-
-} // namespace
-
 TrainConsole::TrainConsole(bool bar) : bar_(bar && isatty(STDERR_FILENO) == 1) {}
 
 TrainConsole::~TrainConsole() {
@@ -68,18 +54,6 @@ void warn_skipped_checkpoints(const std::vector<std::string>& reasons) {
   for (const auto& reason : reasons) {
     std::cerr << "dkit: warning: skipped an unreadable checkpoint: " << printable(reason) << "\n";
   }
-}
-
-std::shared_ptr<StopRequest> stop_on_signals() {
-  if (!g_stop) {
-    g_stop = std::make_shared<StopRequest>();
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, nullptr);
-    sigaction(SIGTERM, &action, nullptr);
-  }
-  return g_stop;
 }
 
 } // namespace dkit::app

@@ -35,8 +35,4 @@ class TrainConsole {
 /// Warns on standard error of each checkpoint a search of a run folder skipped: one line per `PATH: reason`.
 void warn_skipped_checkpoints(const std::vector<std::string>& reasons);
 
-/// The StopRequest that SIGINT and SIGTERM make from now on. A second signal of the same kind ends the process at
-/// once with the conventional status (128 + signal).
-std::shared_ptr<StopRequest> stop_on_signals();
-
 } // namespace dkit::app

@@ -2,16 +2,17 @@
 #include "console.h"
 #include "usage.h"
 
+#include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
 #include <dkit/distributed/launch.h>
 #include <dkit/distributed/process_group.h>
 #include <dkit/train/config.h>
+#include <dkit/train/mlp_task.h>
 #include <dkit/train/trainer.h>
 
 #include <cxxopts.hpp>
 
-#include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <iomanip>
@@ -118,6 +119,9 @@ int run_train(Args args) {
     point = std::make_shared<const ResumePoint>(resume_run(out_dir, overrides));
   }
   if (point) {
+    DKIT_CHECK(!point->checkpoint->model.is_none(), "cannot continue ", point->source,
+               " with dkit train: it is not a checkpoint of dkit's MLP but of a module a program of its own trained "
+               "(it has no 'model' entry); continue it with that program");
     if (main_rank) {
       warn_skipped_checkpoints(point->skipped);
       std::cerr << "dkit: resuming from " << printable(point->source) << "\n";
@@ -129,23 +133,16 @@ int run_train(Args args) {
     out_dir = result.count("out") != 0 ? result["out"].as<std::string>() : main_rank ? new_run_folder() : "runs";
   }
 
-  FullTrainConfig full(config);
-  TrainerOptions trainer_options(out_dir);
-  trainer_options.resume(point).process_settings(true).stop(stop_on_signals()).check_syncs(result.count("check-syncs") != 0);
-  if (launch) {
-    // A peer that is gone leaves c10d writing to a closed socket: Gloo and the store expect EPIPE there, as in
-    // Python, which ignores SIGPIPE, rather than a process killed by the signal before it can say what happened.
-    std::signal(SIGPIPE, SIG_IGN);
-    trainer_options.process_group(std::make_shared<ProcessGroupContext>(
-        *launch, launch_device(full.device, *launch),
-        ProcessGroupOptions().backend(full.dist_backend).timeout(std::chrono::seconds(full.dist_timeout))));
-  }
+  const FullTrainConfig full(config);
+  TrainerOptions run = trainer_options(full, out_dir);
+  // stop_on_signals() also ignores SIGPIPE: a peer that is gone leaves c10d writing to a closed socket, and Gloo and
+  // the store expect EPIPE there, as in Python, rather than a process killed by the signal.
+  run.resume(point).process_settings(true).stop(stop_on_signals()).check_syncs(result.count("check-syncs") != 0);
   TrainConsole console(/*bar=*/result.count("no-progress") == 0);
   if (main_rank) {
-    console.attach(trainer_options);
+    console.attach(run);
   }
-  Trainer trainer(std::move(full), std::move(trainer_options));
-  const TrainSummary summary = trainer.run();
+  const TrainSummary summary = train_from_config(full, std::move(run));
   console.finish();
   if (!main_rank) {
     return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;

@@ -27,6 +27,8 @@
 #include <dkit/model/mlp_file.h>
 #include <dkit/train/amp.h>
 #include <dkit/train/config.h>
+#include <dkit/train/mlp_task.h>
 #include <dkit/train/optim.h>
 #include <dkit/train/step.h>
+#include <dkit/train/task.h>
 #include <dkit/train/trainer.h>

@@ -156,11 +156,14 @@ void write_state_dict(const std::string& path, const StateDict& state_dict) {
 
 StateDict module_state_dict(const torch::nn::Module& module) {
   StateDict state_dict("state dict key");
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    state_dict.insert(item.key(), item.value().detach());
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    state_dict.insert(item.key(), item.value().detach());
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+    for (const auto& parameter : item.value()->named_parameters(/*recurse=*/false)) {
+      state_dict.insert(prefix + parameter.key(), parameter.value().detach());
+    }
+    for (const auto& buffer : item.value()->named_buffers(/*recurse=*/false)) {
+      state_dict.insert(prefix + buffer.key(), buffer.value().detach());
+    }
   }
   return state_dict;
 }

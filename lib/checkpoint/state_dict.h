@@ -57,8 +57,9 @@ StateDict read_state_dict(const std::string& path, const ReadOptions& read_optio
 /// `torch.save(module.state_dict(), path)` does. Atomic either way.
 void write_state_dict(const std::string& path, const StateDict& state_dict);
 
-/// The parameters and buffers of `module`, named as LibTorch registers them, detached from autograd but sharing
-/// their storage (what Python's `module.state_dict()` returns).
+/// The parameters and buffers of `module`, named as LibTorch registers them and in Python's order (each module's
+/// parameters, then its buffers, then its children's), detached from autograd but sharing their storage (what
+/// Python's `module.state_dict()` returns).
 StateDict module_state_dict(const torch::nn::Module& module);
 
 /// How load_state_dict() treats keys that do not match.

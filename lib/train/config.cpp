@@ -8,6 +8,7 @@
 #include <dkit/distributed/process_group.h>
 #include <dkit/model/mlp.h>
 #include <dkit/train/amp.h>
+#include <dkit/train/trainer.h>
 
 #include <yaml-cpp/yaml.h>
 
@@ -246,7 +247,21 @@ struct KeySpec {
   std::function<ConfigValue(const YAML::Node&, const Where&)> read;
   std::function<void(const TrainConfig&, FullTrainConfig&)> resolve;
   std::function<void(const FullTrainConfig&, YAML::Emitter&)> write;
+  // Whether the key is one of a Trainer's options (see trainer_fields()), rather than the data's or the MLP's.
+  bool trainer = false;
 };
+
+// Marks `spec` as a Trainer's option.
+KeySpec trainer_key(KeySpec spec) {
+  spec.trainer = true;
+  return spec;
+}
+
+// The defaults of the keys a Trainer takes: TrainerOptions holds them, the key table reads them from it.
+const TrainerOptions& trainer_defaults() {
+  static const TrainerOptions defaults("");
+  return defaults;
+}
 
 // The value of `name` in `config.values` as a T, or nullptr when the key was not given.
 template <typename T>
@@ -362,14 +377,15 @@ using C = FullTrainConfig;
 // Every key, in the order the README documents them and to_yaml() writes them; a section's keys stay together.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
-      value_key<std::string>(
-          "device", &C::device, "auto",
+      trainer_key(value_key<std::string>(
+          "device", &C::device, trainer_defaults().device(),
           "`auto` (the first GPU, else the CPU), `cpu`, `cuda` or `cuda:N`; an absent device is an error",
-          {valid_device, "auto, cpu, cuda or cuda:N"}),
-      value_key<int64_t>("seed", &C::seed, 0,
-                         "seeds weight initialisation, dropout, the validation split and the sample order"),
-      value_key<int64_t>("threads", &C::threads, 0, "LibTorch's CPU threads; 0 uses every CPU this process may run on",
-                         at_least<int64_t>(0, "at least 0")),
+          {valid_device, "auto, cpu, cuda or cuda:N"})),
+      trainer_key(value_key<int64_t>("seed", &C::seed, trainer_defaults().seed(),
+                                     "seeds weight initialisation, dropout, the validation split and the sample order")),
+      trainer_key(value_key<int64_t>("threads", &C::threads, trainer_defaults().threads(),
+                                     "LibTorch's CPU threads; 0 uses every CPU this process may run on",
+                                     at_least<int64_t>(0, "at least 0"))),
       enum_key("data.source", &C::data_source, kDataSourceNames, DataSource::kCsv,
                "`csv` (numbers, one sample per line), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST) or "
                "`synthetic` (seeded Gaussian blobs)"),
@@ -396,51 +412,56 @@ const std::vector<KeySpec>& key_specs() {
                list_names(kActivationNames, " or ", "`")),
       value_key<double>("model.dropout", &C::dropout, 0.0, "dropout after each hidden activation, in [0, 1)",
                         fraction()),
-      value_key<int64_t>("train.epochs", &C::epochs, 10, "passes over the training data",
-                         at_least<int64_t>(1, "at least 1")),
-      value_key<int64_t>("train.max_steps", &C::max_steps, 0, "stop after this many steps in all; 0 means no limit",
-                         at_least<int64_t>(0, "at least 0 (0: no limit)")),
-      value_key<int64_t>("train.batch_size", &C::batch_size, 64, "samples per step and per process",
-                         at_least<int64_t>(1, "at least 1")),
+      trainer_key(value_key<int64_t>("train.epochs", &C::epochs, trainer_defaults().epochs(), "passes over the training data",
+                                     at_least<int64_t>(1, "at least 1"))),
+      trainer_key(value_key<int64_t>("train.max_steps", &C::max_steps, trainer_defaults().max_steps(),
+                                     "stop after this many steps in all; 0 means no limit",
+                                     at_least<int64_t>(0, "at least 0 (0: no limit)"))),
+      trainer_key(value_key<int64_t>("train.batch_size", &C::batch_size, trainer_defaults().batch_size(),
+                                     "samples per step and per process", at_least<int64_t>(1, "at least 1"))),
       value_key<double>("train.lr", &C::lr, 0.001, "learning rate",
                         {[](double lr) { return lr > 0.0 && std::isfinite(lr); }, "a positive number"}),
       enum_key("train.optimizer", &C::optimizer, kOptimizerNames, OptimizerKind::kAdam,
                list_names(kOptimizerNames, " or ", "`")),
-      enum_key("train.precision", &C::precision, kPrecisionNames, Precision::kFloat32,
-               "`fp32`, or the forward pass under autocast in `bf16`, or in `fp16` with a loss scaler (one "
-               "device read per step); `bf16` on the CPU takes the written-out step (bitwise what autocast and "
-               "autograd compute), `fp16` and `bf16` on a GPU train through autograd"),
+      trainer_key(enum_key("train.precision", &C::precision, kPrecisionNames, trainer_defaults().precision(),
+                           "`fp32`, or the forward pass under autocast in `bf16`, or in `fp16` with a loss scaler (one "
+                           "device read per step); `bf16` on the CPU takes the written-out step (bitwise what "
+                           "autocast and autograd compute), `fp16` and `bf16` on a GPU train through autograd")),
       value_key<double>("train.momentum", &C::momentum, 0.9, "SGD momentum, in [0, 1); other optimizers ignore it",
                         fraction()),
       nesterov_key(),
       value_key<double>("train.weight_decay", &C::weight_decay, 0.0,
                         "L2 penalty (sgd, adam) or decoupled weight decay (adamw)",
                         {[](double decay) { return decay >= 0.0 && std::isfinite(decay); }, "at least 0"}),
-      value_key<int64_t>("train.log_every", &C::log_every, 50,
-                         "steps between metric flushes: the only device-to-host transfers of the training loop",
-                         at_least<int64_t>(1, "at least 1")),
-      value_key<int64_t>("train.checkpoint_every", &C::checkpoint_every, 500,
-                         "steps between checkpoints; 0 writes one at the end only",
-                         at_least<int64_t>(0, "at least 0 (0: at the end only)")),
-      value_key<int64_t>("train.keep_checkpoints", &C::keep_checkpoints, 3,
-                         "step-numbered checkpoints kept beside `last.pt`", at_least<int64_t>(0, "at least 0")),
-      value_key<bool>("train.tensorboard", &C::tensorboard, false,
-                      "also write the metrics as a TensorBoard event file (`events.out.tfevents.*`) in the run "
-                      "folder, a new one each time the run starts or resumes"),
-      enum_key("loader.placement", &C::placement, kPlacementNames, Placement::kAuto,
-               "`device` (whole data set on the device), `pinned` (prefetched through reused pinned buffers), "
-               "`pageable`, or `auto` (pinned on a GPU, device on the CPU)"),
-      value_key<int64_t>("loader.prefetch", &C::prefetch, 2,
-                         "batches prepared ahead by the loader thread (pinned ring slots)",
-                         {[](int64_t prefetch) { return prefetch >= 1 && prefetch <= 64; }, "in [1, 64]"}),
-      value_key<bool>("loader.shuffle", &C::shuffle, true, "a new sample order each epoch, from `seed` and the epoch"),
-      value_key<bool>("loader.drop_last", &C::drop_last, false, "skip the last batch of an epoch when it is short"),
-      enum_key("dist.backend", &C::dist_backend, kBackendNames, Backend::kAuto,
-               "c10d backend for multi-process runs: `auto` (NCCL on CUDA, else Gloo), `gloo` or `nccl`"),
-      value_key<int64_t>("dist.timeout", &C::dist_timeout, 60,
-                         "seconds a rank waits for another (the rendezvous, a collective, the store, a heartbeat) "
-                         "before the run fails naming it",
-                         at_least<int64_t>(1, "at least 1")),
+      trainer_key(value_key<int64_t>(
+          "train.log_every", &C::log_every, trainer_defaults().log_every(),
+          "steps between metric flushes: the only device-to-host transfers of the training loop",
+          at_least<int64_t>(1, "at least 1"))),
+      trainer_key(value_key<int64_t>("train.checkpoint_every", &C::checkpoint_every, trainer_defaults().checkpoint_every(),
+                                     "steps between checkpoints; 0 writes one at the end only",
+                                     at_least<int64_t>(0, "at least 0 (0: at the end only)"))),
+      trainer_key(value_key<int64_t>("train.keep_checkpoints", &C::keep_checkpoints, trainer_defaults().keep_checkpoints(),
+                                     "step-numbered checkpoints kept beside `last.pt`",
+                                     at_least<int64_t>(0, "at least 0"))),
+      trainer_key(value_key<bool>("train.tensorboard", &C::tensorboard, trainer_defaults().tensorboard(),
+                                  "also write the metrics as a TensorBoard event file (`events.out.tfevents.*`) in "
+                                  "the run folder, a new one each time the run starts or resumes")),
+      trainer_key(enum_key("loader.placement", &C::placement, kPlacementNames, trainer_defaults().placement(),
+                           "`device` (whole data set on the device), `pinned` (prefetched through reused pinned "
+                           "buffers), `pageable`, or `auto` (pinned on a GPU, device on the CPU)")),
+      trainer_key(value_key<int64_t>("loader.prefetch", &C::prefetch, trainer_defaults().prefetch(),
+                                     "batches prepared ahead by the loader thread (pinned ring slots)",
+                                     {[](int64_t prefetch) { return prefetch >= 1 && prefetch <= 64; }, "in [1, 64]"})),
+      trainer_key(value_key<bool>("loader.shuffle", &C::shuffle, trainer_defaults().shuffle(),
+                                  "a new sample order each epoch, from `seed` and the epoch")),
+      trainer_key(value_key<bool>("loader.drop_last", &C::drop_last, trainer_defaults().drop_last(),
+                                  "skip the last batch of an epoch when it is short")),
+      trainer_key(enum_key("dist.backend", &C::dist_backend, kBackendNames, trainer_defaults().dist_backend(),
+                           "c10d backend for multi-process runs: `auto` (NCCL on CUDA, else Gloo), `gloo` or `nccl`")),
+      trainer_key(value_key<int64_t>("dist.timeout", &C::dist_timeout, trainer_defaults().dist_timeout(),
+                                     "seconds a rank waits for another (the rendezvous, a collective, the store, a "
+                                     "heartbeat) before the run fails naming it",
+                                     at_least<int64_t>(1, "at least 1"))),
       value_key<bool>(
           "dist.data_parallel", &C::dist_data_parallel, false,
           "one process on every visible GPU through LibTorch's DataParallel (CUDA builds; see `dkit devices`)"),
@@ -635,11 +656,38 @@ FullTrainConfig::FullTrainConfig(const TrainConfig& config) {
   }
 }
 
-std::string to_yaml(const FullTrainConfig& config) {
+namespace {
+
+// The keys a Trainer takes, each a member of FullTrainConfig and of TrainerOptions: one list for both directions.
+template <typename Copy>
+void trainer_fields(FullTrainConfig& c, TrainerOptions& o, Copy copy) {
+  copy(c.device, o.device());
+  copy(c.seed, o.seed());
+  copy(c.threads, o.threads());
+  copy(c.epochs, o.epochs());
+  copy(c.max_steps, o.max_steps());
+  copy(c.batch_size, o.batch_size());
+  copy(c.precision, o.precision());
+  copy(c.log_every, o.log_every());
+  copy(c.checkpoint_every, o.checkpoint_every());
+  copy(c.keep_checkpoints, o.keep_checkpoints());
+  copy(c.tensorboard, o.tensorboard());
+  copy(c.placement, o.placement());
+  copy(c.prefetch, o.prefetch());
+  copy(c.shuffle, o.shuffle());
+  copy(c.drop_last, o.drop_last());
+  copy(c.dist_backend, o.dist_backend());
+  copy(c.dist_timeout, o.dist_timeout());
+}
+
+std::string yaml_of(const FullTrainConfig& config, bool trainer_only) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::string open_section;
   for (const auto& spec : key_specs()) {
+    if (trainer_only && !spec.trainer) {
+      continue;
+    }
     const std::string section = section_of(spec.doc.name);
     if (section != open_section) {
       if (!open_section.empty()) {
@@ -655,6 +703,27 @@ std::string to_yaml(const FullTrainConfig& config) {
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+} // namespace
+
+std::string to_yaml(const FullTrainConfig& config) {
+  return yaml_of(config, /*trainer_only=*/false);
+}
+
+TrainerOptions trainer_options(const FullTrainConfig& config, std::string out_dir) {
+  TrainerOptions options(std::move(out_dir));
+  FullTrainConfig source = config;
+  trainer_fields(source, options, [](auto& from, auto& to) { to = from; });
+  return options;
+}
+
+std::string to_yaml(const TrainerOptions& options) {
+  // Synthetic data, which needs no data.path: only the Trainer's keys are written.
+  FullTrainConfig config(parse_config("", "TrainerOptions", ".", {"data.source=synthetic"}));
+  TrainerOptions source = options;
+  trainer_fields(config, source, [](auto& to, auto& from) { to = from; });
+  return yaml_of(config, /*trainer_only=*/true);
 }
 
 } // namespace dkit

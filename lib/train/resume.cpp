@@ -9,7 +9,9 @@ ResumePoint resume_point(TrainingCheckpoint checkpoint, const std::string& sourc
                          const std::vector<std::string>& overrides, const std::string& base_dir) {
   ResumePoint point;
   point.config = parse_config(checkpoint.config, "the config saved in " + source, base_dir);
-  point.saved_batch_size = FullTrainConfig(point.config).batch_size;
+  const auto batch_size = point.config.values.find("train.batch_size");
+  point.saved_batch_size = batch_size != point.config.values.end() ? std::get<int64_t>(batch_size->second)
+                                                                   : TrainerOptions("").batch_size();
   const TrainConfig changes = parse_config("", "--set", base_dir, overrides);
   for (const auto& [key, value] : changes.values) {
     point.config.values[key] = value;

@@ -1,30 +1,29 @@
 #include <dkit/train/trainer.h>
 
+#include <dkit/checkpoint/state_dict.h>
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
 #include <dkit/device/device.h>
+#include <dkit/device/host_sync.h>
 #include <dkit/device/report.h>
-#include <dkit/distributed/data_parallel.h>
 #include <dkit/distributed/gradient_reducer.h>
+#include <dkit/distributed/launch.h>
 #include <dkit/distributed/process_group.h>
 #include <dkit/metrics/metrics.h>
-#include <dkit/model/mlp.h>
-#include <dkit/model/mlp_file.h>
 #include <dkit/train/detail/checkpoint_policy.h>
 #include <dkit/train/detail/rank_agreement.h>
 #include <dkit/train/detail/run_folder.h>
-#include <dkit/train/amp.h>
 #include <dkit/train/detail/training_data.h>
-#include <dkit/train/optim.h>
-#include <dkit/train/step.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -34,26 +33,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using detail::RunFolder;
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const FullTrainConfig& c,
-                                                        const std::vector<torch::Tensor>& params) {
-  switch (c.optimizer) {
-    case OptimizerKind::kSgd:
-      return std::make_unique<FusedSGD>(
-          params,
-          torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
-    case OptimizerKind::kAdam:
-      return std::make_unique<FusedAdam>(params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
-    case OptimizerKind::kAdamW:
-      return std::make_unique<FusedAdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
-  }
-  TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(c.optimizer));
-}
-
-std::string model_description(const Mlp& model) {
-  std::ostringstream out;
-  model->pretty_print(out);
-  return out.str();
-}
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 class OptionalSyncCheck {
  public:
@@ -73,9 +53,86 @@ class OptionalSyncCheck {
 #endif
 };
 
+std::string shape_text(const at::Tensor& tensor) {
+  if (!tensor.defined()) {
+    return "(none)";
+  }
+  std::ostringstream out;
+  out << tensor.sizes() << " (" << dtype_name(tensor.scalar_type()) << ")";
+  return out.str();
+}
+
+// The name `module` gives `parameter` (the same tensor), or empty when it is not one of its parameters.
+std::string parameter_name(const torch::nn::Module& module, const at::Tensor& parameter) {
+  for (const auto& item : module.named_parameters()) {
+    if (item.value().is_same(parameter)) {
+      return item.key();
+    }
+  }
+  return "";
+}
+
+std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) {
+    return "sgd";
+  }
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr) {
+    return "adam";
+  }
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) {
+    return "adamw";
+  }
+  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr) {
+    return "rmsprop";
+  }
+  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer) != nullptr) {
+    return "adagrad";
+  }
+  return "a custom optimizer";
+}
+
+// Tensors flattened into one per dtype, so that a list of buffers takes one collective per dtype rather than one
+// each.
+std::vector<std::vector<at::Tensor>> by_dtype(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<at::Tensor>> groups;
+  for (const auto& tensor : tensors) {
+    auto found = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& group) {
+      return group.front().scalar_type() == tensor.scalar_type();
+    });
+    if (found == groups.end()) {
+      groups.push_back({tensor});
+    } else {
+      found->push_back(tensor);
+    }
+  }
+  return groups;
+}
+
+// The recorded configuration without its `path:` lines (`data.path`): ranks on different hosts may reach the same
+// data through different paths.
+std::string without_paths(const std::string& yaml) {
+  std::istringstream in(yaml);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find_first_not_of(' ') == std::string::npos || line.compare(line.find_first_not_of(' '), 6, "path: ") != 0) {
+      kept += line + "\n";
+    }
+  }
+  return kept;
+}
+
 } // namespace
 
 TrainerOptions::TrainerOptions(std::string out_dir) : out_dir_(std::move(out_dir)) {}
+
+double TrainSummary::val_metric(std::string_view name) const {
+  for (const auto& [metric, value] : val_metrics) {
+    if (metric == name) {
+      return value;
+    }
+  }
+  return kNaN;
+}
 
 struct Trainer::Impl {
   class Stopwatch {
@@ -93,26 +150,54 @@ struct Trainer::Impl {
     double seconds() const {
       return total_ + (running_ ? std::chrono::duration<double>(Clock::now() - started_).count() : 0.0);
     }
-
+  
    private:
     bool running_ = false;
     Clock::time_point started_;
     double total_ = 0;
   };
+  
+  // The data of a fit: a Dataset in memory, or samples read one at a time.
+  struct FitData {
+    std::optional<Dataset> tensors;
+    std::optional<SampleSource> samples;
+  
+    int64_t size() const {
+      if (tensors) {
+        return tensors->features.defined() ? tensors->size() : 0;
+      }
+      return samples ? samples->size : 0;
+    }
+  
+    Loader loader(const Device& device, const LoaderOptions& options) const {
+      return tensors ? Loader(*tensors, device, options) : Loader(*samples, device, options);
+    }
+  };
 
-  FullTrainConfig config;
   TrainerOptions options;
+  Task* task = nullptr;
+  FitData train_data;
+  FitData val_data;
   std::shared_ptr<ProcessGroupContext> group;
   int64_t world_size = 1;
-  std::optional<RunFolder> run;
   Device device = cpu();
-  std::optional<detail::TrainingData> data;
-  Mlp model{nullptr};
+  std::optional<RunFolder> run;
+  std::shared_ptr<const ResumePoint> resume;
+  std::optional<Loader> loader;
+  std::optional<Loader> val_loader;
+  int64_t val_local_samples = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::optional<CheckpointFolder> folder;
-  std::unique_ptr<GradientReducer> reducer;
-  std::vector<Device> data_parallel_devices;
+  Scheduler scheduler;
   std::optional<GradScaler> scaler;
+  std::unique_ptr<GradientReducer> reducer;
+  std::optional<CheckpointFolder> folder;
+  std::vector<std::string> metric_names;
+  std::vector<at::Tensor> parameters;
+  std::vector<at::Tensor> buffers;
+  std::string data_checksum;
+  std::string config_yaml;
+  StepContext context;
+  std::vector<at::Tensor> zero_row;
 
   int64_t step = 0;
   int64_t epoch = 0;
@@ -120,14 +205,12 @@ struct Trainer::Impl {
   int64_t total_steps = 0;
   double window_start = 0;
   int64_t window_samples = 0;
-  int64_t window_local_samples = 0;
+  std::vector<int64_t> window_rows;
   int64_t saved_step = -1;
   TrainSummary summary;
   Stopwatch train_clock;
 
-  Impl(FullTrainConfig c, TrainerOptions o)
-      : config(std::move(c)), options(std::move(o)), group(options.process_group()),
-        world_size(group ? group->world_size() : 1) {}
+  explicit Impl(TrainerOptions o) : options(std::move(o)) {}
 
   bool main() const {
     return group == nullptr || group->is_main();
@@ -141,257 +224,20 @@ struct Trainer::Impl {
     run->log(LogLevel::kInfo, text, headline);
   }
 
-  void apply_process_settings() {
-    const int64_t cpus = std::max<int64_t>(cpu_count(), 1);
-    const int64_t share = group ? std::max<int64_t>(1, cpus / group->launch().local_world_size) : cpus;
-    set_cpu_threads(config.threads > 0 ? config.threads : share);
-    torch::manual_seed(static_cast<uint64_t>(config.seed));
+  torch::nn::Module& module() {
+    return task->module();
   }
 
-  void setup_data() {
-    data.emplace(config, device, group ? group->rank() : 0, world_size);
-    const Loader& loader = *data->loader;
-    info(fmt::format("data: {} ({})", data->description, data->checksum));
-    if (loader.placement() == Placement::kPinned && !loader.pinned()) {
-      info(fmt::format("loader: pinned memory needs a CUDA device; batches for {} are assembled by the prefetch "
-                       "thread in reused ordinary host buffers instead",
-                       device.str()));
+  TrainSummary fit(Task& fitted, FitData training, FitData validation) {
+    task = &fitted;
+    train_data = std::move(training);
+    val_data = std::move(validation);
+    group = options.process_group();
+    if (!group && options.join_launch()) {
+      group = join_launched_run(options);
     }
-    info(group ? fmt::format("split: {} training, {} validation samples; {} global batches of {} per epoch ({} "
-                             "processes of {}), loader placement {}",
-                             data->train_size, data->val_size, loader.batches_per_epoch(),
-                             config.batch_size * world_size, world_size, config.batch_size,
-                             to_string(loader.placement()))
-               : fmt::format("split: {} training, {} validation samples; {} batches of {} per epoch, loader "
-                             "placement {}",
-                             data->train_size, data->val_size, loader.batches_per_epoch(), config.batch_size,
-                             to_string(loader.placement())));
-  }
-
-  void setup_model() {
-    model = Mlp(MlpOptions(data->in_features, config.hidden, data->num_classes)
-                    .activation(config.activation)
-                    .dropout(config.dropout));
-    place_module(model, device);
-    optimizer = make_optimizer(config, model->parameters());
-    info(fmt::format("model: {} on {}, optimizer {} lr {}", model_description(model), device.str(),
-                     to_string(config.optimizer), config.lr));
-  }
-
-  void setup_precision() {
-    if (config.precision == Precision::kFloat32) {
-      return;
-    }
-    try {
-      check_autocast(device.type(), autocast_dtype_of(config.precision));
-    } catch (const Error& e) {
-      throw Error(fmt::format("train.precision {} on {}: {}", to_string(config.precision), device.str(), e.what()));
-    }
-    if (config.precision == Precision::kFloat16) {
-      scaler.emplace();
-    }
-    info(fmt::format("precision: the forward pass under autocast to {}{}; parameters, gradients and optimizer "
-                     "state float32",
-                     dtype_name(autocast_dtype_of(config.precision)),
-                     scaler ? ", the loss scaled by a GradScaler" : ""));
-    if (config.precision == Precision::kFloat16 && device.is_cpu() && !cpu_has_float16_arithmetic()) {
-      run->log(LogLevel::kWarning,
-               "train.precision fp16 on cpu: this CPU has neither AVX512_FP16 nor AMX-FP16, so LibTorch's float16 "
-               "products run many times slower than float32 ones (24-32x on a Zen 5); bf16 is the fast low "
-               "precision of CPUs");
-    }
-  }
-
-  void setup_data_parallel() {
-    if (!config.dist_data_parallel) {
-      return;
-    }
-    DKIT_CHECK(data_parallel_available(), "dist.data_parallel is not available: ", data_parallel_unavailable_reason(),
-               " (see `dkit devices`); set dist.data_parallel: false");
-    DKIT_CHECK(group == nullptr, "dist.data_parallel runs one process on every GPU, but this is process ",
-               group ? group->rank() : 0, " of a ", world_size,
-               "-process run: with torchrun use one process per GPU and dist.data_parallel: false");
-    DKIT_CHECK(device.is_cuda(), "dist.data_parallel needs device cuda, but the device is ", device.str());
-    DKIT_CHECK(config.precision == Precision::kFloat32, "dist.data_parallel trains in fp32 only (train.precision is ",
-               to_string(config.precision), "): autocast is set per thread and DataParallel's replicas run on ",
-               "threads of their own; set train.precision: fp32, or run one process per GPU with torchrun");
-    data_parallel_devices.push_back(device);
-    for (int64_t i = 0; i < num_gpus(); ++i) {
-      if (gpu(i) != device) {
-        data_parallel_devices.push_back(gpu(i));
-      }
-    }
-    info(fmt::format("DataParallel over {} GPUs", data_parallel_devices.size()));
-  }
-
-  void join_ranks() {
-    FullTrainConfig without_path = config;
-    without_path.data_path.clear();
-    detail::agree_on_start(*group, *model,
-                           {{"step", step},
-                            {"epoch", epoch},
-                            {"batch in epoch", epoch_step},
-                            {"train.batch_size", config.batch_size},
-                            {"data checksum", detail::fingerprint(data->checksum), /*hashed=*/true},
-                            {"config", detail::fingerprint(to_yaml(without_path)), /*hashed=*/true}},
-                           device);
-    reducer = std::make_unique<GradientReducer>(model->parameters(), group);
-    info(fmt::format("{} processes over {} ({}:{}): gradients summed in {} bucket(s)", world_size, group->backend(),
-                     group->launch().master_addr, group->launch().master_port, reducer->buckets().size()));
-  }
-
-  void restore(const ResumePoint& point) {
-    const TrainingCheckpoint& checkpoint = *point.checkpoint;
-    DKIT_CHECK(checkpoint.data_checksum == data->checksum, "cannot resume from ", point.source,
-               ": the training data changed since it was written (checksum ", checkpoint.data_checksum, ", now ",
-               data->checksum, "); start a new run instead");
-    load_state_dict(*model, checkpoint.model_state_dict, LoadStateDictOptions().source(point.source));
-    load_optimizer_state_dict(*optimizer, checkpoint.optimizer_state_dict, point.source);
-    if (scaler && !checkpoint.scaler_state_dict.is_none()) {
-      scaler->load_state_dict(checkpoint.scaler_state_dict);
-    }
-    restore_rng_state(checkpoint.rng);
-    step = checkpoint.step;
-    epoch = checkpoint.epoch;
-    saved_step = step;
-    detail::BatchPosition position;
-    position.epoch = epoch;
-    position.epoch_step = checkpoint.epoch_step;
-    position.saved_batch_size = point.saved_batch_size;
-    position.saved_world_size = checkpoint.world_size;
-    position.batch_size = config.batch_size;
-    position.world_size = world_size;
-    epoch_step = detail::resumed_epoch_step(position, point.source);
-    if (epoch_step != checkpoint.epoch_step) {
-      run->log(LogLevel::kWarning,
-               fmt::format("the global batch changed from {} to {}: epoch {} continues at batch {} (after sample {})",
-                           point.saved_batch_size * checkpoint.world_size, config.batch_size * world_size,
-                           epoch + 1, epoch_step, checkpoint.epoch_step * point.saved_batch_size * checkpoint.world_size));
-    }
-    info(fmt::format("resumed from {} at step {} (epoch {}, batch {})", point.source, step, epoch + 1, epoch_step));
-  }
-
-  /// Logs the window's metrics. In a multi-process run the sums of every rank are added up in one allreduce,
-  /// which also carries the stop requests: returns the reason that stops every rank, or 0.
-  int flush_metrics(MetricBuffer& metrics) {
-    if (metrics.empty()) {
-      return 0;
-    }
-    const MetricRows rows = metrics.flush();
-    const double seconds = train_clock.seconds() - window_start;
-    double loss_sum = rows.sum("loss_sum");
-    double correct = rows.sum("correct");
-    double samples = static_cast<double>(window_local_samples);
-    int stop = 0;
-    if (group) {
-      const int reason = stop_requested();
-      const auto total = group->allreduce_sum(
-          {loss_sum, correct, samples, reason != 0 ? 1.0 : 0.0, static_cast<double>(reason)},
-          "the metrics allreduce at step " + std::to_string(step));
-      loss_sum = total[0];
-      correct = total[1];
-      samples = total[2];
-      if (total[3] > 0) {
-        stop = reason != 0 ? reason : static_cast<int>(std::lround(total[4] / total[3]));
-      }
-    }
-    const double loss = loss_sum / samples;
-    const double accuracy = correct / samples;
-    DKIT_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step, " (epoch ",
-               epoch + 1, "); no checkpoint was written after it, the last good one is in '",
-               (run->path() / "checkpoints").string(), "'; lower train.lr");
-    const double rate = seconds > 0 ? window_samples / seconds : 0.0;
-    summary.final_loss = loss;
-    const double lr = optimizer->param_groups().front().options().get_lr();
-    run->add_train_row(step, epoch + 1, loss, accuracy, lr, rate);
-    const std::string text = fmt::format("epoch {}/{} loss {} acc {} {} samples/s", epoch + 1, config.epochs,
-                                         format_fixed(loss, 4), format_fixed(accuracy, 4), format_rate(rate));
-    info(fmt::format("step {}/{} {}", step, total_steps, text));
-    if (options.on_progress()) {
-      options.on_progress()(ProgressUpdate{step, total_steps, text});
-    }
-    window_start = train_clock.seconds();
-    window_samples = 0;
-    window_local_samples = 0;
-    return stop;
-  }
-
-  // Whether the run holds out validation rows (over all ranks; a rank's own slice may be empty).
-  bool has_validation() const {
-    return data->val_size > 0;
-  }
-
-  std::pair<double, double> validate() {
-    if (!has_validation()) {
-      return {std::nan(""), std::nan("")};
-    }
-    torch::NoGradGuard no_grad;
-    model->eval();
-    constexpr int64_t kChunk = 8192;
-    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
-    auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
-    const int64_t n = data->val_features.size(0);
-    for (int64_t start = 0; start < n; start += kChunk) {
-      const int64_t length = std::min(kChunk, n - start);
-      const auto x = data->val_features.narrow(0, start, length);
-      const auto y = data->val_labels.narrow(0, start, length);
-      const auto logits = model->forward(x);
-      loss_sum += torch::nn::functional::cross_entropy(
-                      logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                      .to(torch::kFloat64);
-      correct += logits.argmax(1).eq(y).sum();
-    }
-    model->train();
-    const auto host = torch::stack({loss_sum, correct.to(torch::kFloat64)}).to(torch::kCPU);
-    note_host_sync();
-    const auto* values = host.data_ptr<double>();
-    std::vector<double> sums{values[0], values[1]};
-    if (group) {
-      sums = group->allreduce_sum(sums, "the validation allreduce at step " + std::to_string(step));
-    }
-    const auto total = static_cast<double>(data->val_size);
-    return {sums[0] / total, sums[1] / total};
-  }
-
-  void end_epoch() {
-    const auto [val_loss, val_accuracy] = validate();
-    summary.val_accuracy = val_accuracy;
-    run->add_val_row(step, epoch + 1, val_loss, val_accuracy);
-    std::string validation = " (no validation part)";
-    if (has_validation()) {
-      validation = fmt::format(": val loss {} val acc {}", format_fixed(val_loss, 4), format_fixed(val_accuracy, 4));
-    }
-    info(fmt::format("epoch {}/{} done at step {}{}", epoch + 1, config.epochs, step, validation),
-         /*headline=*/true);
-  }
-
-  void save_checkpoint() {
-    saved_step = step;
-    if (!main()) {
-      return;
-    }
-    TrainingCheckpoint checkpoint;
-    checkpoint.model_state_dict = module_state_dict(*model);
-    checkpoint.model = mlp_description(model->options);
-    checkpoint.input_mean = data->normalization.mean;
-    checkpoint.input_std = data->normalization.std;
-    checkpoint.optimizer_state_dict = optimizer_state_dict(*optimizer);
-    checkpoint.step = step;
-    checkpoint.epoch = epoch;
-    checkpoint.epoch_step = epoch_step;
-    checkpoint.rng = capture_rng_state();
-    checkpoint.config = to_yaml(config);
-    checkpoint.data_checksum = data->checksum;
-    checkpoint.world_size = world_size;
-    if (scaler) {
-      checkpoint.scaler_state_dict = scaler->state_dict();
-    }
-    summary.checkpoint = folder->save(checkpoint);
-    info("checkpoint " + summary.checkpoint);
-  }
-
-  TrainSummary run_logged() {
-    device = group ? group->device() : parse_device(config.device);
+    world_size = group ? group->world_size() : 1;
+    device = group ? group->device() : parse_device(options.device());
     run.emplace(options.out_dir(), main(), options.on_log());
     try {
       return train();
@@ -406,99 +252,519 @@ struct Trainer::Impl {
     }
   }
 
-  void start() {
-    if (options.process_settings()) {
-      apply_process_settings();
-    }
-    summary.device = device.str();
+  void apply_process_settings() {
+    const int64_t cpus = std::max<int64_t>(cpu_count(), 1);
+    const int64_t share = group ? std::max<int64_t>(1, cpus / group->launch().local_world_size) : cpus;
+    set_cpu_threads(options.threads() > 0 ? options.threads() : share);
+    torch::manual_seed(static_cast<uint64_t>(options.seed()));
+  }
+
+  void check_options() {
+    DKIT_CHECK(options.epochs() >= 1, "TrainerOptions::epochs must be at least 1, got ", options.epochs());
+    DKIT_CHECK(options.max_steps() >= 0, "TrainerOptions::max_steps must be at least 0 (0: no limit), got ",
+               options.max_steps());
+    DKIT_CHECK(options.log_every() >= 1, "TrainerOptions::log_every must be at least 1, got ", options.log_every());
+    DKIT_CHECK(options.checkpoint_every() >= 0, "TrainerOptions::checkpoint_every must be at least 0, got ",
+               options.checkpoint_every());
     if (options.check_syncs()) {
       DKIT_CHECK(DKIT_WITH_CUDA, "check_syncs (dkit train --check-syncs) needs a CUDA build; this one is CPU only");
       DKIT_CHECK(device.is_cuda(), "check_syncs (dkit train --check-syncs) needs a CUDA device; the run's device is ",
                  device.str());
-      DKIT_CHECK(config.precision != Precision::kFloat16,
+      DKIT_CHECK(options.precision() != Precision::kFloat16,
                  "check_syncs (dkit train --check-syncs) cannot check train.precision=fp16: its loss scaler reads "
                  "the device every step");
     }
+  }
+
+  LoaderOptions loader_options(bool training) const {
+    return LoaderOptions(options.batch_size())
+        .shuffle(training && options.shuffle())
+        .drop_last(training && options.drop_last())
+        .placement(options.placement())
+        .prefetch(options.prefetch())
+        .seed(static_cast<uint64_t>(options.seed()))
+        .rank(group ? group->rank() : 0)
+        .world_size(world_size)
+        .features_dtype(options.features_dtype())
+        .features_divisor(options.features_divisor());
+  }
+
+  void setup_data() {
+    DKIT_CHECK(train_data.size() > 0, "Trainer::fit needs training data, got an empty data set");
+    loader.emplace(train_data.loader(device, loader_options(/*training=*/true)));
+    if (val_data.size() > 0) {
+      val_loader.emplace(val_data.loader(device, loader_options(/*training=*/false)));
+      for (int64_t b = 0; b < val_loader->batches_per_epoch(); ++b) {
+        val_local_samples += val_loader->batch_rows(b);
+      }
+    }
+    data_checksum = options.data_checksum();
+    if (data_checksum.empty() && train_data.tensors) {
+      data_checksum = detail::data_checksum(*train_data.tensors);
+    }
+    info(fmt::format("data: {}{}", loader->description(), data_checksum.empty() ? "" : " (" + data_checksum + ")"));
+    if (loader->placement() == Placement::kPinned && !loader->pinned()) {
+      info(fmt::format("loader: pinned memory needs a CUDA device; batches for {} are assembled by the prefetch "
+                       "thread in reused ordinary host buffers instead",
+                       device.str()));
+    }
+    const int64_t val_size = val_loader ? val_loader->size() : 0;
+    info(group ? fmt::format("split: {} training, {} validation samples; {} global batches of {} per epoch ({} "
+                             "processes of {}), loader placement {}",
+                             loader->size(), val_size, loader->batches_per_epoch(),
+                             options.batch_size() * world_size, world_size, options.batch_size(),
+                             to_string(loader->placement()))
+               : fmt::format("split: {} training, {} validation samples; {} batches of {} per epoch, loader "
+                             "placement {}",
+                             loader->size(), val_size, loader->batches_per_epoch(), options.batch_size(),
+                             to_string(loader->placement())));
+  }
+
+  void check_on_device(const at::Tensor& tensor, const std::string& what) const {
+    DKIT_CHECK(tensor.device() == device, what, " is on ", tensor.device().str(), " but the run's device is ",
+               device.str(), ": every parameter must be on one device (Task::module() and its optimizer)");
+  }
+
+  void setup_model() {
+    place_module(module(), device);
+    metric_names = task->metric_names();
+    parameters = module().parameters();
+    buffers = module().buffers();
+    optimizer = task->configure_optimizer();
+    DKIT_CHECK(optimizer != nullptr, "Task::configure_optimizer() returned no optimizer");
+    for (const auto& group_params : optimizer->param_groups()) {
+      for (const auto& parameter : group_params.params()) {
+        const std::string name = parameter_name(module(), parameter);
+        check_on_device(parameter, name.empty() ? std::string("a parameter of the optimizer (not the module's)")
+                                                : "parameter '" + name + "'");
+      }
+    }
+    optimizer_state_dict(*optimizer);
+    scheduler = task->configure_scheduler(*optimizer);
+    if (scheduler.scheduler) {
+      load_scheduler_state_dict(*scheduler.scheduler, PickleValue::dict({{"step_count", int64_t{0}}}));
+    }
+    info(fmt::format("model: {} on {}, optimizer {} lr {}", task->description(), device.str(),
+                     optimizer_name(*optimizer), format_number(optimizer->param_groups().front().options().get_lr())));
+  }
+
+  void setup_precision() {
+    if (options.precision() == Precision::kFloat32) {
+      return;
+    }
+    try {
+      check_autocast(device.type(), autocast_dtype_of(options.precision()));
+    } catch (const Error& e) {
+      throw Error(fmt::format("train.precision {} on {}: {}", to_string(options.precision()), device.str(), e.what()));
+    }
+    if (options.precision() == Precision::kFloat16) {
+      scaler.emplace();
+    }
+    info(fmt::format("precision: the forward pass under autocast to {}{}; parameters, gradients and optimizer "
+                     "state float32",
+                     dtype_name(autocast_dtype_of(options.precision())),
+                     scaler ? ", the loss scaled by a GradScaler" : ""));
+    if (options.precision() == Precision::kFloat16 && device.is_cpu() && !cpu_has_float16_arithmetic()) {
+      run->log(LogLevel::kWarning,
+               "train.precision fp16 on cpu: this CPU has neither AVX512_FP16 nor AMX-FP16, so LibTorch's float16 "
+               "products run many times slower than float32 ones (24-32x on a Zen 5); bf16 is the fast low "
+               "precision of CPUs");
+    }
+  }
+
+  void join_ranks() {
+    detail::agree_on_start(*group, module(),
+                           {{"step", step},
+                            {"epoch", epoch},
+                            {"batch in epoch", epoch_step},
+                            {"train.batch_size", options.batch_size()},
+                            {"data checksum", detail::fingerprint(data_checksum), /*hashed=*/true},
+                            {"config", detail::fingerprint(without_paths(config_yaml)), /*hashed=*/true}},
+                           device);
+    reducer = std::make_unique<GradientReducer>(parameters, group);
+    info(fmt::format("{} processes over {} ({}:{}): gradients summed in {} bucket(s)", world_size, group->backend(),
+                     group->launch().master_addr, group->launch().master_port, reducer->buckets().size()));
+  }
+
+  void restore(const ResumePoint& point) {
+    const TrainingCheckpoint& checkpoint = *point.checkpoint;
+    DKIT_CHECK(checkpoint.data_checksum.empty() || data_checksum.empty() || checkpoint.data_checksum == data_checksum,
+               "cannot resume from ", point.source, ": the training data changed since it was written (checksum ",
+               checkpoint.data_checksum, ", now ", data_checksum, "); start a new run instead");
+    load_state_dict(module(), checkpoint.model_state_dict, LoadStateDictOptions().source(point.source));
+    load_optimizer_state_dict(*optimizer, checkpoint.optimizer_state_dict, point.source);
+    if (scheduler.scheduler && !checkpoint.scheduler_state_dict.is_none()) {
+      load_scheduler_state_dict(*scheduler.scheduler, checkpoint.scheduler_state_dict, point.source);
+    }
+    if (scaler && !checkpoint.scaler_state_dict.is_none()) {
+      scaler->load_state_dict(checkpoint.scaler_state_dict);
+    }
+    if (!checkpoint.task_state.is_none()) {
+      task->load_state_dict(checkpoint.task_state, point.source);
+    }
+    restore_rng_state(checkpoint.rng);
+    step = checkpoint.step;
+    epoch = checkpoint.epoch;
+    saved_step = step;
+    detail::BatchPosition position;
+    position.epoch = epoch;
+    position.epoch_step = checkpoint.epoch_step;
+    position.saved_batch_size = point.saved_batch_size;
+    position.saved_world_size = checkpoint.world_size;
+    position.batch_size = options.batch_size();
+    position.world_size = world_size;
+    epoch_step = detail::resumed_epoch_step(position, point.source);
+    if (epoch_step != checkpoint.epoch_step) {
+      run->log(LogLevel::kWarning,
+               fmt::format("the global batch changed from {} to {}: epoch {} continues at batch {} (after sample {})",
+                           point.saved_batch_size * checkpoint.world_size, options.batch_size() * world_size,
+                           epoch + 1, epoch_step, checkpoint.epoch_step * point.saved_batch_size * checkpoint.world_size));
+    }
+    info(fmt::format("resumed from {} at step {} (epoch {}, batch {})", point.source, step, epoch + 1, epoch_step));
+  }
+
+  void start() {
+    check_options();
+    if (options.process_settings()) {
+      apply_process_settings();
+    }
+    summary.device = device.str();
+    config_yaml = options.config_yaml().empty() ? to_yaml(options) : options.config_yaml();
+    resume = options.resume();
+    if (!resume && options.auto_resume()) {
+      if (std::optional<ResumePoint> found = try_resume_run(options.out_dir())) {
+        for (const auto& skipped : found->skipped) {
+          run->log(LogLevel::kWarning, "skipped an unreadable checkpoint: " + skipped);
+        }
+        resume = std::make_shared<const ResumePoint>(std::move(*found));
+      }
+    }
     info(fmt::format("dkit train: device {}, {} CPU threads, out {}", device.str(), at::get_num_threads(),
                      run->path().string()));
-    run->write_config(to_yaml(config));
+    run->write_config(config_yaml);
     setup_data();
     setup_model();
     setup_precision();
-    setup_data_parallel();
     if (main()) {
-      folder.emplace(run->path().string(), CheckpointFolderOptions().keep(config.keep_checkpoints));
+      folder.emplace(run->path().string(), CheckpointFolderOptions().keep(options.keep_checkpoints()));
     }
-    if (options.resume()) {
-      restore(*options.resume());
+    if (resume) {
+      restore(*resume);
     }
     if (group) {
       join_ranks();
     }
-    run->open_metrics(/*append=*/options.resume() != nullptr);
-    if (config.tensorboard) {
+    run->open_metrics(metric_names, resume ? std::optional<int64_t>(step) : std::nullopt);
+    if (options.tensorboard()) {
       run->open_events(step);
     }
     run->echo();
     const std::string processes = group ? fmt::format(" x {} processes ({}, global batch {})", world_size,
-                                                      group->backend(), config.batch_size * world_size)
+                                                      group->backend(), options.batch_size() * world_size)
                                         : std::string();
     info(fmt::format("training {} on {} ({} CPU threads){}: {}; {} batches of {} per epoch; run folder {}",
-                     model_description(model), device.str(), at::get_num_threads(), processes, data->description,
-                     data->loader->batches_per_epoch(), config.batch_size, run->path().string()),
+                     task->description(), device.str(), at::get_num_threads(), processes, loader->description(),
+                     loader->batches_per_epoch(), options.batch_size(), run->path().string()),
          /*headline=*/true);
-    total_steps = step + (config.epochs - epoch) * data->loader->batches_per_epoch() - epoch_step;
-    if (config.max_steps > 0) {
-      total_steps = std::min(total_steps, config.max_steps);
+    total_steps = step + (options.epochs() - epoch) * loader->batches_per_epoch() - epoch_step;
+    if (options.max_steps() > 0) {
+      total_steps = std::min(total_steps, options.max_steps());
+    }
+    context.optimizer = optimizer.get();
+    context.precision = options.precision();
+    context.scaler = scaler ? &*scaler : nullptr;
+    context.reducer = reducer.get();
+    context.log = [this](const std::string& line) { info(line); };
+    const auto zero = torch::zeros({}, torch::TensorOptions().device(device));
+    zero_row.assign(metric_names.size() + 1, zero);
+  }
+
+  // The task's step result checked: a 0-d loss, one 0-d metric per name. Metadata only: nothing is read back.
+  void check_result(const StepResult& result, const char* step_name) const {
+    DKIT_CHECK(result.loss.defined(), step_name, " returned no loss");
+    DKIT_CHECK(result.loss.dim() == 0 && result.loss.is_floating_point(), step_name, " returned a loss of shape ",
+               shape_text(result.loss),
+               ": a loss must be a 0-d floating-point tensor, the mean over the batch (reduce it, e.g. with .mean())");
+    DKIT_CHECK(result.metrics.size() == metric_names.size(), step_name, " returned ", result.metrics.size(),
+               " metric(s), but metric_names() names ", metric_names.size());
+    for (size_t i = 0; i < metric_names.size(); ++i) {
+      DKIT_CHECK(result.metrics[i].defined() && result.metrics[i].dim() == 0, step_name, " returned metric '",
+                 metric_names[i], "' of shape ", shape_text(result.metrics[i]),
+                 ": a metric must be a 0-d tensor, the mean over the batch");
     }
   }
 
-  // How each step runs: its backward pass, and whose updates of the parameters.
-  std::string step_description(bool written_out) const {
-    const FusedKernel kernel = config.optimizer == OptimizerKind::kSgd ? fused_sgd_kernel() : fused_adam_kernel();
-    std::string updates;
-    if (!device.is_cpu()) {
-      updates = "LibTorch's optimizer (dkit's one-pass updates are for CPU parameters)";
-    } else if (kernel == FusedKernel::kNone) {
-      updates = "LibTorch's optimizer (this LibTorch rounds it otherwise than dkit's kernels: see dkit devices)";
-    } else {
-      updates = fmt::format("dkit's one-pass updates ({} kernels, {} rounding)", fused_kernel_instructions(),
-                            to_string(kernel));
+  // Runs `step` (the task's training or validation step) under autocast as the precision asks; a LibTorch error in
+  // it becomes a dkit::Error that names the batch and the module.
+  template <typename Step>
+  StepResult run_step(const Batch& batch, const char* step_name, Step&& step_fn) {
+    std::optional<AutocastGuard> autocast;
+    if (options.precision() != Precision::kFloat32) {
+      autocast.emplace(device.type(), autocast_dtype_of(options.precision()));
     }
-    return fmt::format("each step: {}, {}", written_out ? "dkit's written-out backward pass" : "autograd", updates);
-  }
-
-  void take_step(const Batch& batch, std::optional<TrainStep>& train_step, MetricBuffer& metrics) {
-    if (train_step) {
-      const StepOutput out = train_step->run(batch.features, batch.labels, batch.global_samples);
-      metrics.add({out.loss_sum, out.correct});
-    } else {
-      for (auto& param : model->parameters()) {
-        param.mutable_grad() = at::Tensor();
+    try {
+      return step_fn();
+    } catch (const c10::Error& e) {
+      std::string message = e.what_without_backtrace();
+      const auto newline = message.find('\n');
+      if (newline != std::string::npos) {
+        message.resize(newline);
       }
-      const auto logits = data_parallel_forward(model, batch.features, data_parallel_devices);
-      const auto loss_sum = torch::nn::functional::cross_entropy(
-          logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-      (loss_sum / static_cast<double>(batch.global_samples)).backward();
-      optimizer->step();
-      metrics.add({loss_sum.detach(), logits.detach().argmax(1).eq(batch.labels).sum()});
+      throw Error(fmt::format("{} failed on a batch of features {} and labels {} in module {}: {}", step_name,
+                              shape_text(batch.features), shape_text(batch.labels), task->description(), message));
     }
+  }
+
+  void take_step(const Batch& batch, MetricBuffer& metrics) {
+    const int64_t rows = batch.size();
+    std::optional<StepResult> result = task->take_step(batch, context);
+    if (result) {
+      check_result(*result, "Task::take_step");
+    } else {
+      for (auto& parameter : parameters) {
+        parameter.mutable_grad() = at::Tensor();
+      }
+      if (rows > 0) {
+        result = run_step(batch, "training_step", [&] { return task->training_step(batch); });
+        check_result(*result, "training_step");
+        at::Tensor objective = result->loss;
+        if (rows != batch.global_samples) {
+          objective = objective * (static_cast<double>(rows) / static_cast<double>(batch.global_samples));
+        }
+        if (scaler) {
+          scaler->scale(objective).backward();
+        } else {
+          objective.backward();
+        }
+      }
+      if (reducer) {
+        reducer->synchronize();
+      }
+      if (scaler) {
+        scaler->step(*optimizer);
+        scaler->update();
+      } else {
+        optimizer->step();
+      }
+    }
+    if (scheduler.scheduler && scheduler.interval == SchedulerInterval::kStep) {
+      scheduler.scheduler->step();
+    }
+    if (group && !buffers.empty()) {
+      broadcast_buffers();
+    }
+    if (rows > 0 && result) {
+      std::vector<at::Tensor> row{result->loss.detach()};
+      for (const auto& metric : result->metrics) {
+        row.push_back(metric.detach());
+      }
+      metrics.add(row);
+    } else {
+      metrics.add(zero_row);
+    }
+    window_rows.push_back(rows);
     ++step;
     ++epoch_step;
     window_samples += batch.global_samples;
-    window_local_samples += batch.size();
     summary.samples += batch.global_samples;
   }
 
+  // Every rank's buffers (BatchNorm's running statistics) become rank 0's, as DistributedDataParallel's
+  // broadcast_buffers makes them: one broadcast per dtype.
+  void broadcast_buffers() {
+    for (const auto& same : by_dtype(buffers)) {
+      std::vector<at::Tensor> flat;
+      for (const auto& buffer : same) {
+        flat.push_back(buffer.reshape({-1}));
+      }
+      at::Tensor packed = at::cat(flat);
+      group->broadcast({packed}, "the broadcast of rank 0's buffers at step " + std::to_string(step));
+      int64_t offset = 0;
+      for (const auto& buffer : same) {
+        const at::NoGradGuard no_grad;
+        buffer.copy_(packed.narrow(0, offset, buffer.numel()).view(buffer.sizes()));
+        offset += buffer.numel();
+      }
+    }
+  }
+
   /// Takes the loader's next batch and trains on it, under the sync check when asked; false at the epoch's end.
-  bool take_next_step(Loader& loader, std::optional<TrainStep>& train_step, MetricBuffer& metrics) {
+  bool take_next_step(MetricBuffer& metrics) {
     const OptionalSyncCheck check(options.check_syncs());
-    auto batch = loader.next();
+    auto batch = loader->next();
     if (!batch) {
       return false;
     }
-    take_step(*batch, train_step, metrics);
+    take_step(*batch, metrics);
     return true;
+  }
+
+  /// Logs the window's metrics. In a multi-process run the sums of every rank are added up in one allreduce,
+  /// which also carries the stop requests: returns the reason that stops every rank, or 0.
+  int flush_metrics(MetricBuffer& metrics) {
+    if (metrics.empty()) {
+      return 0;
+    }
+    const MetricRows rows = metrics.flush();
+    const double seconds = train_clock.seconds() - window_start;
+    const int64_t columns = static_cast<int64_t>(metric_names.size()) + 1;
+    std::vector<double> sums(static_cast<size_t>(columns) + 3, 0.0);
+    const at::Tensor values = rows.values.to(at::kDouble).contiguous();
+    const double* data = values.data_ptr<double>();
+    for (int64_t r = 0; r < rows.rows(); ++r) {
+      const auto weight = static_cast<double>(window_rows[static_cast<size_t>(r)]);
+      for (int64_t c = 0; c < columns; ++c) {
+        if (weight > 0) {
+          sums[static_cast<size_t>(c)] += data[r * columns + c] * weight;
+        }
+      }
+      sums[static_cast<size_t>(columns)] += weight;
+    }
+    int stop = 0;
+    if (group) {
+      const int reason = stop_requested();
+      sums[static_cast<size_t>(columns) + 1] = reason != 0 ? 1.0 : 0.0;
+      sums[static_cast<size_t>(columns) + 2] = static_cast<double>(reason);
+      sums = group->allreduce_sum(sums, "the metrics allreduce at step " + std::to_string(step));
+      const double stoppers = sums[static_cast<size_t>(columns) + 1];
+      if (stoppers > 0) {
+        stop = reason != 0 ? reason : static_cast<int>(std::lround(sums[static_cast<size_t>(columns) + 2] / stoppers));
+      }
+    }
+    const double samples = sums[static_cast<size_t>(columns)];
+    const double loss = sums[0] / samples;
+    std::vector<double> means;
+    for (int64_t c = 1; c < columns; ++c) {
+      means.push_back(sums[static_cast<size_t>(c)] / samples);
+    }
+    DKIT_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step, " (epoch ",
+               epoch + 1, "); no checkpoint was written after it, the last good one is in '",
+               (run->path() / "checkpoints").string(), "'; lower train.lr");
+    const double rate = seconds > 0 ? window_samples / seconds : 0.0;
+    summary.final_loss = loss;
+    const double lr = optimizer->param_groups().front().options().get_lr();
+    run->add_train_row(step, epoch + 1, loss, means, lr, rate);
+    std::string text = fmt::format("epoch {}/{} loss {}", epoch + 1, options.epochs(), format_fixed(loss, 4));
+    for (size_t i = 0; i < means.size(); ++i) {
+      text += fmt::format(" {} {}", metric_names[i], format_fixed(means[i], 4));
+    }
+    text += fmt::format(" {} samples/s", format_rate(rate));
+    info(fmt::format("step {}/{} {}", step, total_steps, text));
+    if (options.on_progress()) {
+      options.on_progress()(ProgressUpdate{step, total_steps, text});
+    }
+    window_start = train_clock.seconds();
+    window_samples = 0;
+    window_rows.clear();
+    return stop;
+  }
+
+  ValidationResult validate() {
+    ValidationResult result;
+    result.step = step;
+    result.epoch = epoch + 1;
+    result.loss = kNaN;
+    for (const auto& name : metric_names) {
+      result.metrics.emplace_back(name, kNaN);
+    }
+    if (!val_loader) {
+      return result;
+    }
+    const torch::NoGradGuard no_grad;
+    module().eval();
+    const auto options64 = torch::TensorOptions().dtype(torch::kFloat64).device(device);
+    std::vector<at::Tensor> sums(metric_names.size() + 1);
+    for (auto& sum : sums) {
+      sum = torch::zeros({}, options64);
+    }
+    val_loader->start_epoch(0);
+    while (auto batch = val_loader->next()) {
+      const int64_t rows = batch->size();
+      if (rows == 0) {
+        continue;
+      }
+      const StepResult out = run_step(*batch, "validation_step", [&] { return task->validation_step(*batch); });
+      check_result(out, "validation_step");
+      const auto weight = static_cast<double>(rows);
+      sums[0].add_(out.loss.detach().to(torch::kFloat64), weight);
+      for (size_t i = 0; i < out.metrics.size(); ++i) {
+        sums[i + 1].add_(out.metrics[i].detach().to(torch::kFloat64), weight);
+      }
+    }
+    module().train();
+    const auto host = torch::stack(sums).to(torch::kCPU);
+    note_host_sync();
+    std::vector<double> totals(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+    totals.push_back(static_cast<double>(val_local_samples));
+    if (group) {
+      totals = group->allreduce_sum(totals, "the validation allreduce at step " + std::to_string(step));
+    }
+    const double samples = totals.back();
+    result.loss = totals[0] / samples;
+    for (size_t i = 0; i < metric_names.size(); ++i) {
+      result.metrics[i].second = totals[i + 1] / samples;
+    }
+    return result;
+  }
+
+  void record_validation(const ValidationResult& result) {
+    summary.val_loss = result.loss;
+    summary.val_metrics = result.metrics;
+    if (options.on_validation_end()) {
+      options.on_validation_end()(result);
+    }
+  }
+
+  void end_epoch() {
+    const ValidationResult result = validate();
+    record_validation(result);
+    std::vector<double> values;
+    for (const auto& item : result.metrics) {
+      values.push_back(item.second);
+    }
+    run->add_val_row(step, epoch + 1, result.loss, values);
+    std::string validation = " (no validation part)";
+    if (val_loader) {
+      validation = fmt::format(": val loss {}", format_fixed(result.loss, 4));
+      for (const auto& [name, value] : result.metrics) {
+        validation += fmt::format(" val {} {}", name, format_fixed(value, 4));
+      }
+    }
+    info(fmt::format("epoch {}/{} done at step {}{}", epoch + 1, options.epochs(), step, validation),
+         /*headline=*/true);
+    if (scheduler.scheduler && scheduler.interval == SchedulerInterval::kEpoch) {
+      scheduler.scheduler->step();
+    }
+    if (options.on_epoch_end()) {
+      options.on_epoch_end()(epoch + 1, step);
+    }
+  }
+
+  void save_checkpoint() {
+    saved_step = step;
+    if (!main()) {
+      return;
+    }
+    TrainingCheckpoint checkpoint;
+    checkpoint.model_state_dict = module_state_dict(module());
+    task->describe(checkpoint);
+    checkpoint.optimizer_state_dict = optimizer_state_dict(*optimizer);
+    checkpoint.step = step;
+    checkpoint.epoch = epoch;
+    checkpoint.epoch_step = epoch_step;
+    checkpoint.rng = capture_rng_state();
+    checkpoint.config = config_yaml;
+    checkpoint.data_checksum = data_checksum;
+    checkpoint.world_size = world_size;
+    if (scaler) {
+      checkpoint.scaler_state_dict = scaler->state_dict();
+    }
+    if (scheduler.scheduler) {
+      checkpoint.scheduler_state_dict = scheduler_state_dict(*scheduler.scheduler);
+    }
+    checkpoint.task_state = task->state_dict();
+    summary.checkpoint = folder->save(checkpoint);
+    info("checkpoint " + summary.checkpoint);
   }
 
   /// Flushes, checks for a stop and saves as the policy says; true when the run ends here.
@@ -526,28 +792,21 @@ struct Trainer::Impl {
   TrainSummary train() {
     start();
     reset_peak_memory_stats(device);
-    Loader& loader = *data->loader;
-    const detail::CheckpointPolicy policy(config.checkpoint_every, total_steps, /*collective=*/group != nullptr);
-    MetricBuffer metrics({"loss_sum", "correct"}, device, config.log_every);
+    const detail::CheckpointPolicy policy(options.checkpoint_every(), total_steps, /*collective=*/group != nullptr);
+    std::vector<std::string> columns{"loss"};
+    columns.insert(columns.end(), metric_names.begin(), metric_names.end());
+    MetricBuffer metrics(columns, device, options.log_every());
     const int64_t syncs_before = host_sync_count();
-    std::optional<TrainStep> train_step;
-    if (data_parallel_devices.empty()) {
-      TrainStepOptions step_options;
-      step_options.precision(config.precision).scaler(scaler ? &*scaler : nullptr);
-      step_options.reducer(reducer.get());
-      train_step.emplace(model, *optimizer, std::move(step_options));
-      train_step->prepare(loader.batch_rows(0));
-      train_step->prepare(loader.batch_rows(loader.batches_per_epoch() - 1));
-    }
-    info(step_description(train_step.has_value() && train_step->direct()));
-    int64_t last_validated_step = -1;
+    task->on_train_start(context);
+    bool validated = false;
     bool finished = step >= total_steps;
-    model->train();
+    module().train();
     train_clock.start();
     window_start = train_clock.seconds();
-    while (!finished && epoch < config.epochs) {
-      loader.start_epoch(epoch, epoch_step);
-      while (take_next_step(loader, train_step, metrics)) {
+    while (!finished && epoch < options.epochs()) {
+      loader->start_epoch(epoch, epoch_step);
+      validated = false;
+      while (take_next_step(metrics)) {
         if (end_step(policy, metrics)) {
           finished = true;
           break;
@@ -557,9 +816,9 @@ struct Trainer::Impl {
       if (summary.stopped_by_signal != 0) {
         break;
       }
-      if (epoch_step >= loader.batches_per_epoch()) {
+      if (epoch_step >= loader->batches_per_epoch()) {
         end_epoch();
-        last_validated_step = step;
+        validated = true;
         ++epoch;
         epoch_step = 0;
       }
@@ -567,8 +826,8 @@ struct Trainer::Impl {
     }
     train_clock.stop();
     flush_metrics(metrics);
-    if (last_validated_step != step) {
-      summary.val_accuracy = validate().second;
+    if (!validated) {
+      record_validation(validate());
     }
     if (saved_step != step) {
       save_checkpoint();
@@ -586,35 +845,69 @@ struct Trainer::Impl {
     summary.peak_memory_bytes = memory_stats(device).peak_allocated_bytes;
     summary.host_syncs = host_sync_count() - syncs_before;
     run->write_summary(summary);
+    std::string validation;
+    if (val_loader) {
+      validation = ", val loss " + format_fixed(summary.val_loss, 4);
+      for (const auto& [name, value] : summary.val_metrics) {
+        validation += fmt::format(" val {} {}", name, format_fixed(value, 4));
+      }
+    }
     info(fmt::format("done: {} steps, {} samples in {} s of training ({} samples/s), final loss {}{}", summary.steps,
                      summary.samples, format_fixed(summary.train_seconds, 3),
-                     format_rate(summary.samples_per_second), format_fixed(summary.final_loss, 4),
-                     has_validation() ? ", val acc " + format_fixed(summary.val_accuracy, 4) : ""));
+                     format_rate(summary.samples_per_second), format_fixed(summary.final_loss, 4), validation));
     return summary;
   }
 };
 
-Trainer::Trainer(FullTrainConfig config, TrainerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(options))) {}
+Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 Trainer::~Trainer() = default;
 
-TrainSummary Trainer::run() {
-  return impl_->run_logged();
+TrainSummary Trainer::fit(Task& task, Dataset train, Dataset val) {
+  Impl::FitData train_data;
+  train_data.tensors = std::move(train);
+  Impl::FitData val_data;
+  if (val.features.defined()) {
+    val_data.tensors = std::move(val);
+  }
+  return impl_->fit(task, std::move(train_data), std::move(val_data));
+}
+
+TrainSummary Trainer::fit(Task& task, SampleSource train, SampleSource val) {
+  Impl::FitData train_data;
+  train_data.samples = std::move(train);
+  Impl::FitData val_data;
+  if (val.size > 0) {
+    val_data.samples = std::move(val);
+  }
+  return impl_->fit(task, std::move(train_data), std::move(val_data));
+}
+
+std::shared_ptr<ProcessGroupContext> join_launched_run(const TrainerOptions& options) {
+  const std::optional<LaunchEnvironment> launch = launch_environment();
+  if (!launch) {
+    return nullptr;
+  }
+  return std::make_shared<ProcessGroupContext>(
+      *launch, launch_device(options.device(), *launch),
+      ProcessGroupOptions().backend(options.dist_backend()).timeout(std::chrono::seconds(options.dist_timeout())));
 }
 
 std::string summary_to_json(const TrainSummary& s) {
-  const nlohmann::ordered_json json = {{"device", s.device},
-                                       {"steps", s.steps},
-                                       {"samples", s.samples},
-                                       {"train_seconds", s.train_seconds},
-                                       {"samples_per_second", s.samples_per_second},
-                                       {"final_loss", s.final_loss},
-                                       {"val_accuracy", s.val_accuracy},
-                                       {"peak_memory_bytes", s.peak_memory_bytes},
-                                       {"host_syncs", s.host_syncs},
-                                       {"stopped_by_signal", s.stopped_by_signal},
-                                       {"checkpoint", s.checkpoint}};
+  nlohmann::ordered_json json = {{"device", s.device},
+                                 {"steps", s.steps},
+                                 {"samples", s.samples},
+                                 {"train_seconds", s.train_seconds},
+                                 {"samples_per_second", s.samples_per_second},
+                                 {"final_loss", s.final_loss},
+                                 {"val_loss", s.val_loss}};
+  for (const auto& [name, value] : s.val_metrics) {
+    json["val_" + name] = value;
+  }
+  json["peak_memory_bytes"] = s.peak_memory_bytes;
+  json["host_syncs"] = s.host_syncs;
+  json["stopped_by_signal"] = s.stopped_by_signal;
+  json["checkpoint"] = s.checkpoint;
   return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
                    nlohmann::ordered_json::error_handler_t::replace) +
          "\n";

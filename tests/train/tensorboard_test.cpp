@@ -125,7 +125,7 @@ class TensorboardTest : public test::SeedingFixture {
     if (resume) {
       options.resume(std::make_shared<const ResumePoint>(resume_point(std::move(*resume), "test")));
     }
-    return Trainer(config, std::move(options)).run();
+    return test::train_config(config, std::move(options));
   }
 
   test::TempDir tmp_;

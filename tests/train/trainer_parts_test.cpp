@@ -94,8 +94,8 @@ TEST_F(TrainerPartsTest, ARankThatDoesNotWriteLeavesTheDiskAlone) {
   detail::RunFolder run(tmp_.file("run"), /*writes=*/false, nullptr);
   run.log(LogLevel::kWarning, "careful");
   run.write_config("seed: 1\n");
-  run.open_metrics(/*append=*/false);
-  run.add_train_row(1, 1, 0.5, 0.5, 0.1, 10.0);
+  run.open_metrics({"accuracy"}, /*resumed_step=*/std::nullopt);
+  run.add_train_row(1, 1, 0.5, {0.5}, 0.1, 10.0);
   run.write_summary(TrainSummary{});
   EXPECT_FALSE(fs::exists(tmp_.file("run")));
 }
@@ -110,7 +110,7 @@ TEST_F(TrainerPartsTest, TheCallerSeesEveryFlushAndEveryHeadline) {
           headlines.push_back(line.text);
         }
       });
-  Trainer(small_run(), std::move(options)).run();
+  test::train_config(small_run(), std::move(options));
   ASSERT_EQ(updates.size(), 6u) << "30 steps flushed every 5";
   for (size_t i = 0; i < updates.size(); ++i) {
     EXPECT_EQ(updates[i].step, 5 * static_cast<int64_t>(i + 1));
@@ -126,8 +126,8 @@ TEST_F(TrainerPartsTest, WithoutAValidationPartTheEpochAndFinalLinesSaySoRatherT
   std::vector<std::string> lines;
   TrainerOptions options(tmp_.file("run"));
   options.on_log([&](const LogLine& line) { lines.push_back(line.text); });
-  const TrainSummary summary = Trainer(small_run({"data.val_fraction=0"}), std::move(options)).run();
-  EXPECT_TRUE(std::isnan(summary.val_accuracy));
+  const TrainSummary summary = test::train_config(small_run({"data.val_fraction=0"}), std::move(options));
+  EXPECT_TRUE(std::isnan(summary.val_metric("accuracy")));
   ASSERT_GE(lines.size(), 2u);
   const std::string steps = std::to_string(summary.steps);
   EXPECT_NE(std::find(lines.begin(), lines.end(), "epoch 3/3 done at step " + steps + " (no validation part)"),
@@ -141,11 +141,10 @@ TEST_F(TrainerPartsTest, WithoutAValidationPartTheEpochAndFinalLinesSaySoRatherT
 TEST_F(TrainerPartsTest, WithoutBeingAskedTheTrainerLeavesTheProcessSettingsAlone) {
   const int threads = at::get_num_threads();
   const int others = threads == 1 ? 2 : 1;
-  Trainer(small_run({"threads=" + std::to_string(others)}), TrainerOptions(tmp_.file("run"))).run();
+  test::train_config(small_run({"threads=" + std::to_string(others)}), TrainerOptions(tmp_.file("run")));
   EXPECT_EQ(at::get_num_threads(), threads);
-  Trainer(small_run({"threads=" + std::to_string(others)}),
-          TrainerOptions(tmp_.file("asked")).process_settings(true))
-      .run();
+  test::train_config(small_run({"threads=" + std::to_string(others)}),
+          TrainerOptions(tmp_.file("asked")).process_settings(true));
   EXPECT_EQ(at::get_num_threads(), others);
   at::set_num_threads(threads);
 }
@@ -158,7 +157,7 @@ TEST_F(TrainerPartsTest, ResumingAFolderWithoutCheckpointsIsAnError) {
 }
 
 TEST_F(TrainerPartsTest, AResumePointCarriesTheSavedConfigWithTheOverrides) {
-  Trainer(small_run({"train.max_steps=4"}), TrainerOptions(tmp_.file("run"))).run();
+  test::train_config(small_run({"train.max_steps=4"}), TrainerOptions(tmp_.file("run")));
   const ResumePoint point = resume_run(tmp_.file("run"), {"train.batch_size=32"});
   EXPECT_EQ(point.saved_batch_size, 16);
   EXPECT_EQ(FullTrainConfig(point.config).batch_size, 32);

@@ -39,7 +39,7 @@ class TrainerTest : public test::SeedingFixture {
     if (resume) {
       options.resume(std::make_shared<const ResumePoint>(resume_point(std::move(*resume), "test")));
     }
-    return Trainer(config, std::move(options)).run();
+    return test::train_config(config, std::move(options));
   }
 
   static StateDict final_weights(const std::string& dir) {
@@ -101,7 +101,7 @@ TEST_F(TrainerTest, TrainsAndWritesEveryOutput) {
   EXPECT_EQ(summary.steps, 30);
   EXPECT_EQ(summary.samples, 30 * 16);
   EXPECT_GT(summary.train_seconds, 0.0);
-  EXPECT_GT(summary.val_accuracy, 0.8);
+  EXPECT_GT(summary.val_metric("accuracy"), 0.8);
   EXPECT_GT(summary.peak_memory_bytes, 0);
   EXPECT_EQ(summary.stopped_by_signal, 0);
   EXPECT_EQ(summary.checkpoint, tmp_.file("run") + "/checkpoints/step-000030.pt");
@@ -343,11 +343,12 @@ TEST_F(TrainerTest, SummaryJsonWritesShortestRoundTripNumbersAndNullForNonFinite
   summary.train_seconds = 0.1;
   summary.samples_per_second = 1.0 / 3.0;
   summary.final_loss = std::numeric_limits<double>::quiet_NaN();
-  summary.val_accuracy = std::numeric_limits<double>::infinity();
+  summary.val_loss = std::numeric_limits<double>::quiet_NaN();
+  summary.val_metrics = {{"accuracy", std::numeric_limits<double>::infinity()}};
   summary.checkpoint = "run/checkpoints/last.pt";
   EXPECT_EQ(summary_to_json(summary),
             R"({"device":"cpu","steps":30,"samples":0,"train_seconds":0.1,"samples_per_second":0.3333333333333333,)"
-            R"("final_loss":null,"val_accuracy":null,"peak_memory_bytes":0,"host_syncs":0,"stopped_by_signal":0,)"
+            R"("final_loss":null,"val_loss":null,"val_accuracy":null,"peak_memory_bytes":0,"host_syncs":0,"stopped_by_signal":0,)"
             R"("checkpoint":"run/checkpoints/last.pt"})"
             "\n");
 }
@@ -357,7 +358,7 @@ TEST_F(TrainerTest, CheckSyncsWithoutACudaDeviceIsRefused) {
   const auto refused = [&](const FullTrainConfig& config) {
     TrainerOptions options(tmp_.file("run"));
     options.check_syncs(true);
-    return error_message([&] { Trainer(config, std::move(options)).run(); });
+    return error_message([&] { test::train_config(config, std::move(options)); });
   };
   EXPECT_EQ(refused(small_run({"device=cpu"})),
             DKIT_WITH_CUDA ? "check_syncs (dkit train --check-syncs) needs a CUDA device; the run's device is cpu"
@@ -375,9 +376,8 @@ TEST_F(TrainerTest, StepsNeverSynchronizeWithTheGpu_CUDA) {
       TrainerOptions options(dir);
       options.process_settings(true).check_syncs(true);
       const TrainSummary summary =
-          Trainer(small_run({"device=cuda", "loader.placement=" + placement, "train.precision=" + precision}),
-                  std::move(options))
-              .run();
+          test::train_config(small_run({"device=cuda", "loader.placement=" + placement, "train.precision=" + precision}),
+                  std::move(options));
       EXPECT_EQ(summary.steps, 30) << placement << " " << precision;
       EXPECT_EQ(summary.host_syncs, 6 + 3) << placement << " " << precision;
     }
@@ -385,7 +385,7 @@ TEST_F(TrainerTest, StepsNeverSynchronizeWithTheGpu_CUDA) {
   TrainerOptions options(tmp_.file("fp16"));
   options.check_syncs(true);
   EXPECT_EQ(error_message([&] {
-              Trainer(small_run({"device=cuda", "train.precision=fp16"}), std::move(options)).run();
+              test::train_config(small_run({"device=cuda", "train.precision=fp16"}), std::move(options));
             }),
             "check_syncs (dkit train --check-syncs) cannot check train.precision=fp16: its loss scaler reads the "
             "device every step");

@@ -6,9 +6,9 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
-#include <initializer_list>
 #include <utility>
 
 namespace dkit::detail {
@@ -20,7 +20,7 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void add_scalars(EventFileWriter& events, int64_t step, std::initializer_list<std::pair<const char*, double>> values) {
+void add_scalars(EventFileWriter& events, int64_t step, const std::vector<std::pair<std::string, double>>& values) {
   const double wall_time = now_seconds();
   for (const auto& [tag, value] : values) {
     events.add_scalar(tag, static_cast<float>(value), step, wall_time);
@@ -78,16 +78,39 @@ void RunFolder::write_config(const std::string& yaml) {
   }
 }
 
-void RunFolder::open_metrics(bool append) {
+void RunFolder::open_metrics(const std::vector<std::string>& metric_names, std::optional<int64_t> resumed_step) {
+  metric_names_ = metric_names;
   if (!writes_) {
     return;
   }
   const fs::path path = path_ / "metrics.csv";
-  const bool exists = append && fs::exists(path);
-  metrics_.open(path, append ? std::ios::app : std::ios::trunc);
+  std::string kept;
+  if (resumed_step && fs::exists(path)) {
+    std::ifstream in(path);
+    std::string line;
+    for (bool header = true; std::getline(in, line); header = false) {
+      int64_t step = 0;
+      const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), step);
+      if (header || (ec == std::errc() && *end == ',' && step <= *resumed_step)) {
+        kept += line + "\n";
+      }
+    }
+    const fs::path rewritten = path_ / "metrics.csv.tmp";
+    std::ofstream(rewritten, std::ios::trunc) << kept;
+    fs::rename(rewritten, path);
+  }
+  metrics_.open(path, kept.empty() ? std::ios::trunc : std::ios::app);
   DKIT_CHECK(metrics_.good(), "cannot write '", path.string(), "'");
-  if (!exists) {
-    metrics_ << "step,epoch,loss,accuracy,lr,samples_per_second,val_loss,val_accuracy\n";
+  if (kept.empty()) {
+    metrics_ << "step,epoch,loss";
+    for (const auto& name : metric_names_) {
+      metrics_ << "," << name;
+    }
+    metrics_ << ",lr,samples_per_second,val_loss";
+    for (const auto& name : metric_names_) {
+      metrics_ << ",val_" << name;
+    }
+    metrics_ << "\n";
   }
 }
 
@@ -103,28 +126,42 @@ void RunFolder::open_events(int64_t step) {
   log(LogLevel::kInfo, "TensorBoard event file " + events_->path());
 }
 
-void RunFolder::add_train_row(int64_t step, int64_t epoch, double loss, double accuracy, double lr, double rate) {
+void RunFolder::add_train_row(int64_t step, int64_t epoch, double loss, const std::vector<double>& metrics,
+                              double lr, double rate) {
   if (metrics_.is_open()) {
-    metrics_ << step << "," << epoch << "," << format_number(loss) << "," << format_number(accuracy) << ","
-             << format_number(lr) << "," << format_number(rate) << ",,\n";
+    metrics_ << step << "," << epoch << "," << format_number(loss);
+    for (const double value : metrics) {
+      metrics_ << "," << format_number(value);
+    }
+    metrics_ << "," << format_number(lr) << "," << format_number(rate) << "," << std::string(metrics.size(), ',')
+             << "\n";
   }
   if (events_) {
-    add_scalars(*events_, step,
-                {{"train/loss", loss},
-                 {"train/accuracy", accuracy},
-                 {"train/lr", lr},
-                 {"train/samples_per_second", rate}});
+    std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss}};
+    for (size_t i = 0; i < metrics.size(); ++i) {
+      scalars.emplace_back("train/" + metric_names_[i], metrics[i]);
+    }
+    scalars.emplace_back("train/lr", lr);
+    scalars.emplace_back("train/samples_per_second", rate);
+    add_scalars(*events_, step, scalars);
   }
 }
 
-void RunFolder::add_val_row(int64_t step, int64_t epoch, double val_loss, double val_accuracy) {
+void RunFolder::add_val_row(int64_t step, int64_t epoch, double val_loss, const std::vector<double>& val_metrics) {
   if (metrics_.is_open()) {
-    metrics_ << step << "," << epoch << ",,,,," << format_number(val_loss) << "," << format_number(val_accuracy)
-             << "\n";
+    metrics_ << step << "," << epoch << "," << std::string(val_metrics.size() + 3, ',') << format_number(val_loss);
+    for (const double value : val_metrics) {
+      metrics_ << "," << format_number(value);
+    }
+    metrics_ << "\n";
     metrics_.flush();
   }
-  if (events_ && !std::isnan(val_accuracy)) {
-    add_scalars(*events_, step, {{"val/loss", val_loss}, {"val/accuracy", val_accuracy}});
+  if (events_ && !std::isnan(val_loss)) {
+    std::vector<std::pair<std::string, double>> scalars = {{"val/loss", val_loss}};
+    for (size_t i = 0; i < val_metrics.size(); ++i) {
+      scalars.emplace_back("val/" + metric_names_[i], val_metrics[i]);
+    }
+    add_scalars(*events_, step, scalars);
   }
 }
 

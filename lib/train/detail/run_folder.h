@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace spdlog {
 class logger;
@@ -50,19 +51,22 @@ class RunFolder {
 
   /// Writes `config.yaml`.
   void write_config(const std::string& yaml);
-  /// Opens `metrics.csv`; `append` continues an existing file (a resumed run), else it starts afresh with the
-  /// header row.
-  void open_metrics(bool append);
+  /// Opens `metrics.csv` for a task with metrics `metric_names` besides the loss. A run that starts after step
+  /// `resumed_step` (a resumed run) continues the existing file, without the rows an earlier process wrote after that
+  /// step (past its last checkpoint) before it was stopped, so that each step has one row; otherwise the file starts
+  /// afresh with the header row.
+  void open_metrics(const std::vector<std::string>& metric_names, std::optional<int64_t> resumed_step);
   /// Opens a new TensorBoard event file; from now on each row of `metrics.csv` goes into it as scalars too. A run
   /// that starts after step `step` (a resumed run) marks `step + 1` with a SessionLog START, so that TensorBoard
   /// drops what an earlier process wrote after that step (past its last checkpoint) before it was stopped.
   void open_events(int64_t step);
-  /// A training row of `metrics.csv`; with an event file, the scalars `train/loss`, `train/accuracy`, `train/lr` and
-  /// `train/samples_per_second` at `step`, flushed.
-  void add_train_row(int64_t step, int64_t epoch, double loss, double accuracy, double lr, double rate);
+  /// A training row of `metrics.csv`: the window's loss and metrics (in open_metrics()'s order); with an event
+  /// file, the scalars `train/loss`, `train/METRIC`, `train/lr` and `train/samples_per_second` at `step`, flushed.
+  void add_train_row(int64_t step, int64_t epoch, double loss, const std::vector<double>& metrics, double lr,
+                     double rate);
   /// A validation row of `metrics.csv`, flushed at once; with an event file, the scalars `val/loss` and
-  /// `val/accuracy` at `step`, flushed (none when there is no validation part: `val_accuracy` is NaN).
-  void add_val_row(int64_t step, int64_t epoch, double val_loss, double val_accuracy);
+  /// `val/METRIC` at `step`, flushed (none when there is no validation data: the loss is NaN).
+  void add_val_row(int64_t step, int64_t epoch, double val_loss, const std::vector<double>& val_metrics);
   /// Writes `summary.json`.
   void write_summary(const TrainSummary& summary);
 
@@ -73,6 +77,7 @@ class RunFolder {
   std::function<void(const LogLine&)> on_log_;
   std::shared_ptr<spdlog::logger> file_;
   std::ofstream metrics_;
+  std::vector<std::string> metric_names_;
   std::optional<EventFileWriter> events_;
 };
 

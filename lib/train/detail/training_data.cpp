@@ -21,7 +21,7 @@ Dataset load_data(const FullTrainConfig& c) {
 
 } // namespace
 
-TrainingData::TrainingData(const FullTrainConfig& config, const Device& device, int64_t rank, int64_t world_size) {
+TrainingData::TrainingData(const FullTrainConfig& config) {
   DatasetSplit parts;
   {
     Dataset all = load_data(config);
@@ -32,25 +32,12 @@ TrainingData::TrainingData(const FullTrainConfig& config, const Device& device, 
   }
   normalization = fit_normalization(parts.train.features, config.scaling);
   normalization.apply_(parts.train.features);
-  train_size = parts.train.size();
-  val_size = parts.val.size();
-  in_features = parts.train.num_features();
-  if (val_size > 0) {
-    const int64_t begin = val_size * rank / world_size;
-    const int64_t end = val_size * (rank + 1) / world_size;
+  if (parts.val.size() > 0) {
     normalization.apply_(parts.val.features);
-    val_features = parts.val.features.narrow(0, begin, end - begin).to(device);
-    val_labels = parts.val.labels.narrow(0, begin, end - begin).to(device);
   }
-  loader.emplace(std::move(parts.train), device,
-                 LoaderOptions(config.batch_size)
-                     .shuffle(config.shuffle)
-                     .drop_last(config.drop_last)
-                     .placement(config.placement)
-                     .prefetch(config.prefetch)
-                     .seed(static_cast<uint64_t>(config.seed))
-                     .rank(rank)
-                     .world_size(world_size));
+  in_features = parts.train.num_features();
+  train = std::move(parts.train);
+  val = std::move(parts.val);
 }
 
 std::string data_checksum(const Dataset& data) {

@@ -1,0 +1,336 @@
+#include <dkit/train/trainer.h>
+
+#include <dkit/checkpoint/state_dict.h>
+#include <dkit/checkpoint/training_checkpoint.h>
+#include <dkit/data/dataset.h>
+#include <dkit/device/host_sync.h>
+#include <dkit/train/task.h>
+
+#include "../support.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace dkit {
+namespace {
+
+using test::error_message;
+
+// A CNN with BatchNorm (buffers) and dropout (randomness): what a resumed run must restore besides the weights.
+struct SmallCnnImpl : torch::nn::Module {
+  SmallCnnImpl()
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)))),
+        norm(register_module("norm", torch::nn::BatchNorm2d(4))),
+        drop(register_module("drop", torch::nn::Dropout(0.2))),
+        fc(register_module("fc", torch::nn::Linear(4 * 4 * 4, 3))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(norm(conv(x))), 2);
+    return fc(drop(x.flatten(1)));
+  }
+
+  torch::nn::Conv2d conv;
+  torch::nn::BatchNorm2d norm;
+  torch::nn::Dropout drop;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(SmallCnn);
+
+// 8x8 uint8 images of noise with a bright 4x4 block in the quadrant the label names (0, 1 or 2).
+Dataset quadrant_images(int64_t n, uint64_t seed) {
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  Dataset data;
+  data.labels = torch::randint(0, 3, {n}, generator);
+  at::Tensor images = torch::randint(0, 100, {n, 1, 8, 8}, generator).to(torch::kUInt8);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = data.labels[i].item<int64_t>();
+    images[i].narrow(1, (label / 2) * 4, 4).narrow(2, (label % 2) * 4, 4).add_(150);
+  }
+  data.features = images;
+  data.num_classes = 3;
+  data.description = "quadrant images";
+  return data;
+}
+
+bool same_state(const StateDict& a, const StateDict& b) {
+  if (a.keys() != b.keys()) {
+    return false;
+  }
+  for (const auto& item : a) {
+    if (!torch::equal(item.value(), b[item.key()])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool same_tree(const PickleValue& a, const PickleValue& b) {
+  std::vector<at::Tensor> left;
+  std::vector<at::Tensor> right;
+  for_each_tensor(a, [&](const std::string&, const PickleValue& t) { left.push_back(t.to_tensor()); });
+  for_each_tensor(b, [&](const std::string&, const PickleValue& t) { right.push_back(t.to_tensor()); });
+  if (left.size() != right.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < left.size(); ++i) {
+    if (!torch::equal(left[i], right[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A task of its own: the CNN, SGD with momentum, a StepLR each epoch, and a count of its training steps as state.
+class CnnTask : public Task {
+ public:
+  CnnTask() {
+    torch::manual_seed(3);
+    net = SmallCnn();
+  }
+
+  torch::nn::Module& module() override {
+    return *net;
+  }
+  std::vector<std::string> metric_names() const override {
+    return {"accuracy"};
+  }
+  StepResult training_step(const Batch& batch) override {
+    steps += net->is_training() ? 1 : 0;
+    if (fail_at_step > 0 && steps == fail_at_step) {
+      throw Error("the task failed on purpose");
+    }
+    const at::Tensor logits = net(batch.features);
+    return {torch::nn::functional::cross_entropy(logits, batch.labels),
+            {logits.argmax(1).eq(batch.labels).to(torch::kFloat).mean()}};
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizer() override {
+    return std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+  Scheduler configure_scheduler(torch::optim::Optimizer& optimizer) override {
+    return {std::make_unique<torch::optim::StepLR>(optimizer, /*step_size=*/1, /*gamma=*/0.7),
+            SchedulerInterval::kEpoch};
+  }
+  PickleValue state_dict() const override {
+    return PickleValue::dict({{"steps", steps}});
+  }
+  void load_state_dict(const PickleValue& state, const std::string& /*source*/) override {
+    steps = state.find("steps")->to_int();
+  }
+
+  SmallCnn net{nullptr};
+  int64_t steps = 0;
+  int64_t fail_at_step = 0;
+};
+
+class FitTest : public test::SeedingFixture {
+ protected:
+  FitTest() : train_(quadrant_images(240, 1)), val_(quadrant_images(60, 2)) {}
+
+  TrainerOptions options(const std::string& name) const {
+    return TrainerOptions(tmp_.file(name))
+        .device("cpu")
+        .epochs(3)
+        .batch_size(16)
+        .log_every(5)
+        .checkpoint_every(10)
+        .features_dtype(torch::kFloat)
+        .features_divisor(255)
+        .process_settings(true)
+        .threads(1);
+  }
+
+  TrainingCheckpoint last(const std::string& name) const {
+    return load_training_checkpoint(tmp_.file(name + "/checkpoints/last.pt"));
+  }
+
+  test::TempDir tmp_;
+  Dataset train_;
+  Dataset val_;
+};
+
+TEST_F(FitTest, TrainsACnnOnImagesScaledOnTheDeviceAndReadsTheDeviceOnlyAtFlushes) {
+  CnnTask task;
+  const TrainSummary summary = Trainer(options("run")).fit(task, train_, val_);
+  EXPECT_EQ(summary.steps, 45);
+  EXPECT_GT(summary.val_metric("accuracy"), 0.8) << test::read_file(tmp_.file("run/train.log"));
+  EXPECT_EQ(summary.host_syncs, 45 / 5 + 3) << "one read per flush and one per validation";
+  std::ifstream csv(tmp_.file("run/metrics.csv"));
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,epoch,loss,accuracy,lr,samples_per_second,val_loss,val_accuracy");
+  const TrainingCheckpoint checkpoint = last("run");
+  EXPECT_TRUE(checkpoint.model.is_none());
+  EXPECT_TRUE(checkpoint.model_state_dict.contains("norm.running_mean"));
+  EXPECT_TRUE(checkpoint.model_state_dict.contains("norm.num_batches_tracked"));
+  EXPECT_EQ(checkpoint.task_state.find("steps")->to_int(), 45);
+  EXPECT_EQ(checkpoint.scheduler_state_dict.find("step_count")->to_int(), 2) << "saved before the last epoch's end";
+  const std::string config = checkpoint.config;
+  EXPECT_NE(config.find("train:\n  epochs: 3\n"), std::string::npos) << config;
+  EXPECT_EQ(test::read_file(tmp_.file("run/config.yaml")), config);
+  EXPECT_EQ(std::get<int64_t>(parse_config(config, "config.yaml", ".").values.at("train.batch_size")), 16);
+}
+
+// A run that fails after its checkpoint at step 30 is continued from it: parameters, BatchNorm's buffers, the
+// optimizer's momentum, the scheduler's position, dropout's generator and the task's own count end bitwise as in a
+// run that never stopped, and metrics.csv holds each step once although the failed run had logged steps 31-34.
+TEST_F(FitTest, AFailedRunContinuesFromItsCheckpointBitwise) {
+  CnnTask whole;
+  Trainer(options("whole").log_every(1)).fit(whole, train_, val_);
+  CnnTask failing;
+  failing.fail_at_step = 35;
+  EXPECT_EQ(error_message([&] { Trainer(options("run").log_every(1)).fit(failing, train_, val_); }),
+            "the task failed on purpose");
+  CnnTask resumed;
+  const TrainSummary summary = Trainer(options("run").log_every(1).auto_resume(true)).fit(resumed, train_, val_);
+  EXPECT_EQ(summary.steps, 45);
+  const TrainingCheckpoint a = last("whole");
+  const TrainingCheckpoint b = last("run");
+  EXPECT_TRUE(same_state(a.model_state_dict, b.model_state_dict));
+  EXPECT_TRUE(same_tree(a.optimizer_state_dict, b.optimizer_state_dict));
+  EXPECT_TRUE(same_tree(a.rng.cpu, b.rng.cpu));
+  EXPECT_EQ(b.scheduler_state_dict.find("step_count")->to_int(), 2);
+  EXPECT_EQ(b.task_state.find("steps")->to_int(), 45);
+  std::istringstream csv(test::read_file(tmp_.file("run/metrics.csv")));
+  std::vector<int64_t> train_steps;
+  std::string line;
+  std::getline(csv, line);
+  while (std::getline(csv, line)) {
+    if (line.back() == ',') {
+      train_steps.push_back(std::stoll(line.substr(0, line.find(','))));
+    }
+  }
+  std::vector<int64_t> expected(45);
+  for (int64_t i = 0; i < 45; ++i) {
+    expected[static_cast<size_t>(i)] = i + 1;
+  }
+  EXPECT_EQ(train_steps, expected);
+}
+
+// A user's torch::data dataset trains exactly as the tensors it serves.
+class ImageDataset : public torch::data::datasets::Dataset<ImageDataset> {
+ public:
+  explicit ImageDataset(dkit::Dataset data) : data_(std::move(data)) {}
+  torch::data::Example<> get(size_t index) override {
+    return {data_.features[static_cast<int64_t>(index)], data_.labels[static_cast<int64_t>(index)]};
+  }
+  c10::optional<size_t> size() const override {
+    return static_cast<size_t>(data_.size());
+  }
+
+ private:
+  dkit::Dataset data_;
+};
+
+TEST_F(FitTest, ATorchDataDatasetTrainsAsItsTensors) {
+  CnnTask from_tensors;
+  Trainer(options("tensors").placement(Placement::kPinned)).fit(from_tensors, train_, val_);
+  CnnTask from_samples;
+  Trainer(options("samples").placement(Placement::kPinned))
+      .fit(from_samples, samples_of(ImageDataset(train_)), samples_of(ImageDataset(val_)));
+  EXPECT_TRUE(same_state(last("tensors").model_state_dict, last("samples").model_state_dict));
+}
+
+// The short case: any module holder with cross-entropy and accuracy, here a Sequential with Adam's default.
+TEST_F(FitTest, AModuleTaskTrainsASequential) {
+  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(64, 16), torch::nn::ReLU(),
+                            torch::nn::Linear(16, 3));
+  ModuleTask task(net, ModuleTaskOptions().optimizer(make_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-2))));
+  EXPECT_EQ(task.metric_names(), std::vector<std::string>{"accuracy"});
+  const TrainSummary summary = Trainer(options("run")).fit(task, train_, val_);
+  EXPECT_GT(summary.val_metric("accuracy"), 0.8);
+  EXPECT_EQ(last("run").model_state_dict.keys(), (std::vector<std::string>{"1.weight", "1.bias", "3.weight", "3.bias"}));
+}
+
+// What a user gets wrong is one line naming it; nothing is trained past it.
+class BadTask : public Task {
+ public:
+  explicit BadTask(std::string what) : what_(std::move(what)) {}
+  torch::nn::Module& module() override {
+    return *net_;
+  }
+  std::vector<std::string> metric_names() const override {
+    return {"accuracy"};
+  }
+  StepResult training_step(const Batch& batch) override {
+    const at::Tensor flat = batch.features.flatten(1);
+    const at::Tensor logits = net_(what_ == "refused" ? batch.features : flat);
+    auto reduction = torch::nn::functional::CrossEntropyFuncOptions();
+    if (what_ == "loss") {
+      reduction.reduction(torch::kNone);
+    }
+    const at::Tensor loss = torch::nn::functional::cross_entropy(logits, batch.labels, reduction);
+    const at::Tensor right = logits.argmax(1).eq(batch.labels).to(torch::kFloat);
+    return {loss, {what_ == "metric" ? right : right.mean()}};
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizer() override {
+    auto params = net_->parameters();
+    if (what_ == "device") {
+      params.push_back(torch::zeros({3}, torch::TensorOptions().device(torch::kMeta)).set_requires_grad(true));
+    }
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  }
+
+ private:
+  std::string what_;
+  torch::nn::Linear net_{64, 3};
+};
+
+TEST_F(FitTest, BadTaskOutputsAreOneLineErrors) {
+  const auto fail = [&](const std::string& what) {
+    BadTask task(what);
+    return error_message([&] { Trainer(options(what)).fit(task, train_, val_); });
+  };
+  EXPECT_EQ(fail("loss"),
+            "training_step returned a loss of shape [16] (float32): a loss must be a 0-d floating-point tensor, the "
+            "mean over the batch (reduce it, e.g. with .mean())");
+  EXPECT_EQ(fail("metric"), "training_step returned metric 'accuracy' of shape [16] (float32): a metric must be a 0-d "
+                            "tensor, the mean over the batch");
+  EXPECT_EQ(fail("refused").rfind("training_step failed on a batch of features [16, 1, 8, 8] (float32) and labels "
+                                  "[16] (int64) in module Linear (195 parameters): ",
+                                  0),
+            0u)
+      << fail("refused");
+  EXPECT_EQ(fail("device"), "a parameter of the optimizer (not the module's) is on meta but the run's device is cpu: "
+                            "every parameter must be on one device (Task::module() and its optimizer)");
+  EXPECT_NE(test::read_file(tmp_.file("loss/train.log")).find("[error] training_step returned a loss"),
+            std::string::npos);
+}
+
+TEST_F(FitTest, ResumingAnotherArchitectureOrOptimizerNamesBoth) {
+  CnnTask task;
+  Trainer(options("run").epochs(1)).fit(task, train_, val_);
+  const std::string file = tmp_.file("run/checkpoints/last.pt");
+  torch::nn::Sequential other(torch::nn::Flatten(), torch::nn::Linear(64, 3));
+  ModuleTask wrong_module(other);
+  EXPECT_EQ(error_message([&] { Trainer(options("run").auto_resume(true)).fit(wrong_module, train_, val_); }),
+            "Error(s) in loading state_dict for Sequential from " + file +
+                ": Missing key(s) in state_dict: \"1.weight\", \"1.bias\". Unexpected key(s) in state_dict: "
+                "\"conv.weight\", \"conv.bias\", \"norm.weight\", \"norm.bias\", \"norm.running_mean\", "
+                "\"norm.running_var\", \"norm.num_batches_tracked\", \"fc.weight\", \"fc.bias\".");
+  SmallCnn same;
+  ModuleTask wrong_optimizer(same);
+  EXPECT_EQ(error_message([&] { Trainer(options("run").auto_resume(true)).fit(wrong_optimizer, train_, val_); }),
+            file + ": it holds the state of a torch.optim.SGD, but the optimizer is a torch::optim::Adam; resume with "
+                   "the optimizer it was saved with");
+}
+
+// A loss that turns NaN stops the run at the next flush; the checkpoint before it stays the newest.
+TEST_F(FitTest, ANanLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
+  class Diverging : public CnnTask {
+    StepResult training_step(const Batch& batch) override {
+      StepResult result = CnnTask::training_step(batch);
+      if (steps >= 23) {
+        result.loss = result.loss * std::numeric_limits<float>::quiet_NaN();
+      }
+      return result;
+    }
+  } task;
+  EXPECT_EQ(error_message([&] { Trainer(options("run")).fit(task, train_, val_); }),
+            "training diverged: the loss is nan at step 25 (epoch 2); no checkpoint was written after it, the last "
+            "good one is in '" +
+                tmp_.file("run/checkpoints") + "'; lower train.lr");
+  EXPECT_EQ(last("run").step, 20);
+}
+
+} // namespace
+} // namespace dkit
