@@ -176,7 +176,8 @@ class CheckpointFolder {
   /// The newest checkpoint that reads correctly: `last.pt`, or a step file with a higher step than it, or when
   /// those are corrupt the next older step file, and so on. The files skipped are listed in the result so that
   /// the caller can say it fell back. Every file is read with `options` (map_location and limits), so a file
-  /// beyond the limits is skipped unread. std::nullopt when there is no readable checkpoint at all (or no folder).
+  /// beyond the limits is skipped unread. std::nullopt when there is no checkpoint file at all (or no folder); a
+  /// dkit::Error listing each file's reason when there are files and none of them reads.
   std::optional<FoundCheckpoint> load_newest(const ReadOptions& options = {}) const;
 
   /// load_newest() with the default limits, tensors on `map_location`.

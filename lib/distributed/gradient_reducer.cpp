@@ -29,6 +29,7 @@ struct GradientReducer::Impl {
   std::mutex mutex;
   size_t next_to_start = 0;
   int64_t started_in_backward = 0;
+  bool enabled = true;
 
   at::Tensor view(int64_t index) {
     const Slot& slot = slots[index];
@@ -110,10 +111,11 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters, std::shared
   for (int64_t i = 0; i < static_cast<int64_t>(s.parameters.size()); ++i) {
     Impl* impl = impl_.get();
     s.hooks.push_back(s.parameters[i].register_hook([impl, i](const at::Tensor& grad) {
-      TORCH_CHECK(!impl->parameters[i].grad().defined(), "GradientReducer: parameter ", i,
-                  " still has a gradient from before this backward; set every .grad to an undefined tensor (not zero) "
-                  "before backward, as zero_grad(set_to_none) does");
-      impl->on_gradient(i, grad);
+      if (!impl->enabled) {
+        return;
+      }
+      const at::Tensor& held = impl->parameters[i].grad();
+      impl->on_gradient(i, held.defined() ? grad + held : grad);
     }));
   }
 }
@@ -147,6 +149,14 @@ void GradientReducer::synchronize() {
     s.parameters[i].mutable_grad() = s.view(i);
   }
   s.reset();
+}
+
+void GradientReducer::set_enabled(bool enabled) {
+  impl_->enabled = enabled;
+}
+
+bool GradientReducer::enabled() const {
+  return impl_->enabled;
 }
 
 int64_t GradientReducer::index_of(const at::Tensor& parameter) const {

@@ -35,6 +35,10 @@ struct GradientReducerOptions {
 /// The sum, not the mean: divide each rank's loss by the global batch's sample count, and the sum of the ranks'
 /// gradients is the gradient of the mean over the global batch, exactly as one process with the whole batch gets
 /// it (to float rounding). A rank with no samples in a short last batch still takes part, with zero gradients.
+///
+/// A gradient a parameter already holds when backward reaches it (accumulated over earlier batches, as with DDP's
+/// `no_sync`) is summed along with the new one. The reducer does not make the ranks start from the same weights:
+/// broadcast rank 0's parameters and buffers first (broadcast_module(); dkit::Trainer does).
 class GradientReducer {
  public:
   /// Hooks `parameters` (all on the group's device) and sizes the buckets.
@@ -59,6 +63,11 @@ class GradientReducer {
   /// first, as a second hook call does. The parameter's `.grad` may be defined (the written-out pass's buffer).
   void mark_ready(int64_t index, const at::Tensor& gradient);
 
+  /// While false, backward's gradients stay on each rank, accumulating in `.grad` as without a reducer, and
+  /// synchronize() must not be called: DDP's `no_sync`, for all but the last batch of an accumulation. True by default.
+  void set_enabled(bool enabled);
+  /// Whether the hooks hand gradients to the buckets (see set_enabled()).
+  bool enabled() const;
   /// The parameter indices (positions in the constructor's list) in each bucket, in launch order.
   std::vector<std::vector<int64_t>> buckets() const;
 

@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <future>
@@ -560,6 +561,46 @@ void ProcessGroupContext::broadcast(const std::vector<at::Tensor>& tensors, cons
     auto work = impl_->group->broadcast(one, broadcast_options);
     impl_->wait(*work, what, *this);
   }
+}
+
+void ProcessGroupContext::broadcast_coalesced(const std::vector<at::Tensor>& tensors, const std::string& what) {
+  std::vector<std::vector<at::Tensor>> by_dtype;
+  for (const auto& tensor : tensors) {
+    auto same = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const std::vector<at::Tensor>& group) {
+      return group.front().scalar_type() == tensor.scalar_type();
+    });
+    if (same == by_dtype.end()) {
+      by_dtype.push_back({tensor});
+    } else {
+      same->push_back(tensor);
+    }
+  }
+  const at::NoGradGuard no_grad;
+  for (const auto& same : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const auto& tensor : same) {
+      flat.push_back(tensor.reshape({-1}));
+    }
+    const at::Tensor packed = at::cat(flat);
+    broadcast({packed}, what);
+    int64_t offset = 0;
+    for (const auto& tensor : same) {
+      at::Tensor target = tensor;
+      target.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+      offset += tensor.numel();
+    }
+  }
+}
+
+void broadcast_module(ProcessGroupContext& group, torch::nn::Module& module) {
+  std::vector<at::Tensor> state;
+  for (const auto& parameter : module.parameters()) {
+    state.push_back(parameter.detach());
+  }
+  for (const auto& buffer : module.buffers()) {
+    state.push_back(buffer);
+  }
+  group.broadcast_coalesced(state, "the broadcast of rank 0's weights");
 }
 
 void ProcessGroupContext::allreduce_sum(const at::Tensor& tensor, const std::string& what) {

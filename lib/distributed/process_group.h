@@ -13,6 +13,10 @@
 #include <string_view>
 #include <vector>
 
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
 namespace dkit {
 
 /// The c10d backend a multi-process run communicates through (`dist.backend`).
@@ -115,6 +119,9 @@ class ProcessGroupContext {
 
   /// Copies rank 0's values of `tensors` into every rank's, in place. `what` names the step in errors.
   void broadcast(const std::vector<at::Tensor>& tensors, const std::string& what);
+  /// broadcast(), but the tensors are packed into one per dtype first: one collective per dtype rather than one per
+  /// tensor.
+  void broadcast_coalesced(const std::vector<at::Tensor>& tensors, const std::string& what);
   /// Sums `tensor` over the ranks, in place, and waits for the result.
   void allreduce_sum(const at::Tensor& tensor, const std::string& what);
   /// Sums host numbers over the ranks (through a float64 tensor on device()); one collective.
@@ -141,5 +148,9 @@ class ProcessGroupContext {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Makes every rank's parameters and buffers of `module` rank 0's (broadcast_coalesced()): how the ranks of a
+/// multi-process run start from the same weights, as DistributedDataParallel makes them when it wraps a module.
+void broadcast_module(ProcessGroupContext& group, torch::nn::Module& module);
 
 } // namespace dkit

@@ -91,23 +91,6 @@ std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
   return "a custom optimizer";
 }
 
-// Tensors flattened into one per dtype, so that a list of buffers takes one collective per dtype rather than one
-// each.
-std::vector<std::vector<at::Tensor>> by_dtype(const std::vector<at::Tensor>& tensors) {
-  std::vector<std::vector<at::Tensor>> groups;
-  for (const auto& tensor : tensors) {
-    auto found = std::find_if(groups.begin(), groups.end(), [&](const std::vector<at::Tensor>& group) {
-      return group.front().scalar_type() == tensor.scalar_type();
-    });
-    if (found == groups.end()) {
-      groups.push_back({tensor});
-    } else {
-      found->push_back(tensor);
-    }
-  }
-  return groups;
-}
-
 // The recorded configuration without its `path:` lines (`data.path`): ranks on different hosts may reach the same
 // data through different paths.
 std::string without_paths(const std::string& yaml) {
@@ -570,22 +553,9 @@ struct Trainer::Impl {
   }
 
   // Every rank's buffers (BatchNorm's running statistics) become rank 0's, as DistributedDataParallel's
-  // broadcast_buffers makes them: one broadcast per dtype.
+  // broadcast_buffers makes them.
   void broadcast_buffers() {
-    for (const auto& same : by_dtype(buffers)) {
-      std::vector<at::Tensor> flat;
-      for (const auto& buffer : same) {
-        flat.push_back(buffer.reshape({-1}));
-      }
-      at::Tensor packed = at::cat(flat);
-      group->broadcast({packed}, "the broadcast of rank 0's buffers at step " + std::to_string(step));
-      int64_t offset = 0;
-      for (const auto& buffer : same) {
-        const at::NoGradGuard no_grad;
-        buffer.copy_(packed.narrow(0, offset, buffer.numel()).view(buffer.sizes()));
-        offset += buffer.numel();
-      }
-    }
+    group->broadcast_coalesced(buffers, "the broadcast of rank 0's buffers at step " + std::to_string(step));
   }
 
   /// Takes the loader's next batch and trains on it, under the sync check when asked; false at the epoch's end.

@@ -162,19 +162,27 @@ TEST_F(GradientReducerTest, ParametersWithoutAGradientAreSummedAsZeros) {
   }
 }
 
-TEST_F(GradientReducerTest, AGradientLeftFromBeforeIsRefused) {
-  on_ranks(1, [&](int64_t, const std::shared_ptr<ProcessGroupContext>& group) {
+// Gradient accumulation as DDP's no_sync: with the reducer off each rank keeps its gradient in .grad; the next
+// backward with it on sums what is held and what arrives, over the ranks.
+TEST_F(GradientReducerTest, AccumulatedGradientsAreSummedWithTheLastBatchs) {
+  std::vector<at::Tensor> local(2);
+  std::vector<at::Tensor> summed(2);
+  on_ranks(2, [&](int64_t rank, const std::shared_ptr<ProcessGroupContext>& group) {
     auto w = torch::ones({2}, torch::requires_grad());
     GradientReducer reducer({w}, group);
-    (w * 2).sum().backward();
+    reducer.set_enabled(false);
+    EXPECT_FALSE(reducer.enabled());
+    (w * static_cast<double>(rank + 1)).sum().backward();
+    local[rank] = w.grad().clone();
+    reducer.set_enabled(true);
+    (w * static_cast<double>(rank + 1)).sum().backward();
     reducer.synchronize();
-    const std::string message = test::error_message([&] { (w * 2).sum().backward(); });
-    EXPECT_NE(message.find("GradientReducer: parameter 0 still has a gradient from before this backward; set every "
-                           ".grad to an undefined tensor (not zero) before backward, as zero_grad(set_to_none) "
-                           "does"),
-              std::string::npos)
-        << message;
+    summed[rank] = w.grad().clone();
   });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(torch::equal(local[r], torch::full({2}, static_cast<float>(r + 1)))) << local[r];
+    EXPECT_TRUE(torch::equal(summed[r], torch::full({2}, 6.0f))) << summed[r];
+  }
 }
 
 TEST_F(GradientReducerTest, MarkedGradientsAreSummedAsTheHooksSumThem) {

@@ -11,14 +11,7 @@ namespace dkit::detail {
 
 void agree_on_start(ProcessGroupContext& group, torch::nn::Module& model, const std::vector<StartFact>& facts,
                     const Device& device) {
-  std::vector<at::Tensor> state;
-  for (const auto& param : model.parameters()) {
-    state.push_back(param.detach());
-  }
-  for (const auto& buffer : model.buffers()) {
-    state.push_back(buffer);
-  }
-  group.broadcast(state, "the broadcast of rank 0's weights");
+  broadcast_module(group, model);
   std::vector<int64_t> mine;
   for (const auto& fact : facts) {
     mine.push_back(fact.value);
