@@ -164,7 +164,9 @@ at::Tensor vector_to_tensor(std::vector<T>&& values, at::IntArrayRef sizes, at::
 }
 
 std::string summary(const Dataset& data) {
-  std::string text = concat(data.size(), " samples, ", data.num_features(), " features");
+  std::string text = data.features.dim() > 2
+                         ? concat(data.size(), " samples of shape ", data.features.sizes().slice(1))
+                         : concat(data.size(), " samples, ", data.num_features(), " features");
   if (data.has_labels()) {
     text += concat(", ", data.num_classes, " classes");
   }
@@ -365,7 +367,11 @@ Dataset parse_csv(std::string_view text, const std::string& path, const CsvOptio
   return data;
 }
 
-Dataset read_mnist(const std::string& folder, bool train) {
+namespace {
+
+// The images of an MNIST folder as uint8 `[N, 1, rows, columns]` (or, `flat`, float32 `[N, rows * columns]` in
+// 0..1), and their labels.
+Dataset read_mnist_folder(const std::string& folder, bool train, bool flat) {
   std::error_code ec;
   DKIT_CHECK(fs::is_directory(folder, ec), "MNIST folder '", folder, "' does not exist");
   const std::string prefix = train ? "train" : "t10k";
@@ -398,14 +404,29 @@ Dataset read_mnist(const std::string& folder, bool train) {
     return torch::from_blob(data.data() + offset, sizes, at::TensorOptions().dtype(at::kByte));
   };
   Dataset data;
-  data.features = from_bytes(bytes[0], headers[0].data_offset, {count, headers[0].rows * headers[0].columns})
-                      .to(at::kFloat)
-                      .div_(255);
+  if (flat) {
+    data.features = from_bytes(bytes[0], headers[0].data_offset, {count, headers[0].rows * headers[0].columns})
+                        .to(at::kFloat)
+                        .div_(255);
+  } else {
+    data.features =
+        from_bytes(bytes[0], headers[0].data_offset, {count, 1, headers[0].rows, headers[0].columns}).clone();
+  }
   std::string().swap(bytes[0]);
   data.labels = from_bytes(bytes[1], headers[1].data_offset, {count}).to(at::kLong);
   data.num_classes = max_label(data.labels) + 1;
   data.description = concat("MNIST ", train ? "training" : "test", " set in ", folder, ": ", summary(data));
   return data;
+}
+
+} // namespace
+
+Dataset read_mnist(const std::string& folder, bool train) {
+  return read_mnist_folder(folder, train, /*flat=*/true);
+}
+
+Dataset read_mnist_images(const std::string& folder, bool train) {
+  return read_mnist_folder(folder, train, /*flat=*/false);
 }
 
 SyntheticOptions::SyntheticOptions(int64_t samples, int64_t features, int64_t classes)
@@ -428,6 +449,14 @@ Dataset make_synthetic(const SyntheticOptions& options) {
   data.features = (centres.index_select(0, data.labels) + noise * options.noise()).contiguous();
   data.num_classes = options.classes();
   data.description = concat("synthetic (noise ", options.noise(), ", seed ", options.seed(), "): ", summary(data));
+  return data;
+}
+
+Dataset make_synthetic_images(int64_t samples, int64_t side, int64_t classes, uint64_t seed) {
+  DKIT_CHECK(side >= 1, "synthetic images need a side of at least 1 pixel, got ", side);
+  Dataset data = make_synthetic(SyntheticOptions(samples, side * side, classes).seed(seed));
+  data.features = (data.features * 48 + 128).clamp(0, 255).to(at::kByte).view({samples, 1, side, side}).contiguous();
+  data.description = concat("synthetic images (seed ", seed, "): ", summary(data));
   return data;
 }
 

@@ -63,6 +63,10 @@ Dataset parse_csv(std::string_view text, const std::string& source, const CsvOpt
 /// `torch::data::datasets::MNIST` scales them (a division by 255, bitwise the same); labels as stored.
 Dataset read_mnist(const std::string& folder, bool train = true);
 
+/// read_mnist()'s images as they are stored, for a CNN: uint8 `[N, 1, rows, columns]` (the Loader scales them on the
+/// device with LoaderOptions::features_dtype and features_divisor 255, bitwise read_mnist()'s values).
+Dataset read_mnist_images(const std::string& folder, bool train = true);
+
 /// Options for make_synthetic().
 struct SyntheticOptions {
   /// `samples` points in `features` dimensions, drawn around `classes` centres.
@@ -84,6 +88,11 @@ struct SyntheticOptions {
 /// Seeded Gaussian blobs, one per class: a small learnable data set for tests and benchmarks. It uses its own
 /// generator and leaves LibTorch's global one untouched.
 Dataset make_synthetic(const SyntheticOptions& options);
+
+/// Seeded 8-bit images `[samples, 1, side, side]` with int64 labels: make_synthetic()'s Gaussian blobs of `side * side`
+/// features drawn as pixels (`128 + 48 x`, clamped), one noisy pattern per class. A small learnable image data set
+/// for CNN tests, examples and benchmarks; LibTorch's global generator is left untouched.
+Dataset make_synthetic_images(int64_t samples, int64_t side, int64_t classes, uint64_t seed = 0);
 
 /// The two parts split() makes.
 struct DatasetSplit {

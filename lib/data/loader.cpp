@@ -28,7 +28,8 @@ namespace {
 using detail::concat;
 
 void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows, void* target) {
-  const auto row_bytes = static_cast<size_t>(source.stride(0)) * source.element_size();
+  const int64_t n = source.size(0);
+  const auto row_bytes = static_cast<size_t>(n > 0 ? source.numel() / n : 0) * source.element_size();
   const auto* from = static_cast<const char*>(source.data_ptr());
   auto* to = static_cast<char*>(target);
   for (int64_t i = 0; i < rows; ++i) {
@@ -41,8 +42,12 @@ bool sole_owner(const at::Tensor& buffer) {
   return buffer.defined() && buffer.storage().use_count() == 1;
 }
 
+} // namespace
+
+namespace detail {
+
 // The rows a Loader gathers batches from: tensors in memory, or samples read one at a time.
-struct Rows {
+struct LoaderRows {
   int64_t n = 0;
   std::string description;
   std::vector<int64_t> feature_shape;
@@ -111,12 +116,16 @@ struct Rows {
   }
 };
 
+} // namespace detail
+
+namespace {
+
 bool loadable_features(at::ScalarType dtype) {
   return at::isFloatingType(dtype) || at::isIntegralType(dtype, /*includeBool=*/false);
 }
 
-Rows rows_of(Dataset data) {
-  Rows rows;
+detail::LoaderRows rows_of(Dataset data) {
+  detail::LoaderRows rows;
   rows.description = data.description.empty() ? "the data set" : data.description;
   DKIT_CHECK(data.features.defined() && data.features.dim() >= 1, "Loader: ", rows.description,
              " has no features of shape [N, ...]");
@@ -141,8 +150,8 @@ Rows rows_of(Dataset data) {
   return rows;
 }
 
-Rows rows_of(SampleSource source) {
-  Rows rows;
+detail::LoaderRows rows_of(SampleSource source) {
+  detail::LoaderRows rows;
   rows.description = source.description;
   DKIT_CHECK(source.get != nullptr, "Loader: ", rows.description, " has no get function");
   DKIT_CHECK(source.size >= 0, "Loader: ", rows.description, " has a negative size, ", source.size);
@@ -206,7 +215,7 @@ struct Loader::Impl {
     int64_t global_samples;
   };
 
-  Impl(Rows source, const Device& target, LoaderOptions loader_options)
+  Impl(detail::LoaderRows source, const Device& target, LoaderOptions loader_options)
       : data(std::move(source)), device(with_index(target)), options(std::move(loader_options)) {
     DKIT_CHECK(options.batch_size() >= 1, "loader batch_size must be at least 1, got ", options.batch_size());
     DKIT_CHECK(options.prefetch() >= 1, "loader prefetch must be at least 1, got ", options.prefetch());
@@ -477,7 +486,7 @@ struct Loader::Impl {
     return convert(std::move(batch));
   }
 
-  Rows data;
+  detail::LoaderRows data;
   Device device;
   LoaderOptions options;
   Placement placement = Placement::kDevice;

@@ -221,7 +221,7 @@ struct Trainer::Impl {
     }
     world_size = group ? group->world_size() : 1;
     device = group ? group->device() : parse_device(options.device());
-    run.emplace(options.out_dir(), main(), options.on_log());
+    run.emplace(options.out_dir(), main(), main() ? options.on_log() : nullptr);
     try {
       return train();
     } catch (const std::exception& e) {
@@ -620,7 +620,7 @@ struct Trainer::Impl {
     }
     text += fmt::format(" {} samples/s", format_rate(rate));
     info(fmt::format("step {}/{} {}", step, total_steps, text));
-    if (options.on_progress()) {
+    if (main() && options.on_progress()) {
       options.on_progress()(ProgressUpdate{step, total_steps, text});
     }
     window_start = train_clock.seconds();

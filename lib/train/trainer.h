@@ -188,9 +188,10 @@ struct TrainerOptions {
   TORCH_ARG(bool, process_settings) = false;
   /// Checked after every step; a request stops the run (every rank of it) with a checkpoint.
   TORCH_ARG(std::shared_ptr<StopRequest>, stop) = nullptr;
-  /// Called with every line from the start line on, and with every warning, as `train.log` gets it.
+  /// Called with every line from the start line on, and with every warning, as `train.log` gets it; on rank 0 only,
+  /// which writes the run folder.
   TORCH_ARG(std::function<void(const LogLine&)>, on_log) = nullptr;
-  /// Called after every metrics flush (every `log_every` steps), e.g. to draw a progress bar.
+  /// Called after every metrics flush (every `log_every` steps), e.g. to draw a progress bar; on rank 0 only.
   TORCH_ARG(std::function<void(const ProgressUpdate&)>, on_progress) = nullptr;
   /// Called on every rank after each validation pass, with its figures.
   TORCH_ARG(std::function<void(const ValidationResult&)>, on_validation_end) = nullptr;

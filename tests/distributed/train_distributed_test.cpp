@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -253,6 +254,53 @@ TEST_F(DistributedTrainTest, ARankOtherThanZeroPrintsItsOwnErrorAndRankZeroQuote
   EXPECT_NE(("\n" + err).find("\ndkit: error: rank 1 of 2 (host "), std::string::npos) << err;
   EXPECT_NE(err.find(") failed: " + own + "; rank 0 stops: "), std::string::npos) << err;
 }
+
+#ifdef DKIT_CNN_RUN_PATH
+// The Trainer of any module over c10d: two ranks of batch 16 take the steps one process of batch 32 takes (a CNN
+// without BatchNorm or dropout, whose step does not depend on how its batch is split).
+TEST_F(DistributedTrainTest, TwoRanksOfACnnTrainAsOneProcessWithTheWholeBatch) {
+  const std::vector<std::string> common{"--epochs", "1", "--max-steps", "20", "--batch-norm", "0", "--dropout", "0",
+                                        "--log-every", "5", "--checkpoint-every", "0"};
+  const auto cnn = [&](const std::string& out, const std::string& batch) {
+    std::vector<std::string> args{DKIT_CNN_RUN_PATH, "--out", out, "--batch-size", batch};
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  Process single(cnn(tmp_.file("single"), "32"), tmp_.file("single"));
+  ASSERT_EQ(single.wait(), 0) << single.err();
+  run_ranks(2, [&](int) { return cnn(tmp_.file("two"), "16"); }, "two");
+  const TrainingCheckpoint one = load_training_checkpoint(tmp_.file("single/checkpoints/last.pt"));
+  const TrainingCheckpoint two = load_training_checkpoint(tmp_.file("two/checkpoints/last.pt"));
+  EXPECT_EQ(two.step, 20);
+  EXPECT_EQ(two.world_size, 2);
+  EXPECT_LE(max_difference(one.model_state_dict, two.model_state_dict), 1e-6);
+}
+
+// With BatchNorm each rank's running statistics move with its own half of the batch; rank 0's are broadcast after
+// every step, as DistributedDataParallel's broadcast_buffers does, so every step starts from rank 0's on each rank.
+TEST_F(DistributedTrainTest, EveryRanksBatchNormBuffersAreRankZerosAfterEveryStep) {
+  auto ranks = start_ranks(2, [&](int) {
+    return std::vector<std::string>{DKIT_CNN_RUN_PATH, "--out", tmp_.file("buffers"), "--epochs", "1", "--max-steps",
+                                    "20", "--batch-size", "16", "--buffers", "1", "--log-every", "5"};
+  }, "buffers");
+  std::vector<std::map<int64_t, std::string>> sums(2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[static_cast<size_t>(r)]->wait(), 0) << ranks[static_cast<size_t>(r)]->err();
+    std::istringstream err(ranks[static_cast<size_t>(r)]->err());
+    for (std::string line; std::getline(err, line);) {
+      const std::string prefix = "rank " + std::to_string(r) + " step ";
+      if (line.rfind(prefix, 0) == 0) {
+        const size_t space = line.find(' ', prefix.size());
+        sums[static_cast<size_t>(r)][std::stoll(line.substr(prefix.size(), space - prefix.size()))] =
+            line.substr(line.rfind(' ') + 1);
+      }
+    }
+  }
+  ASSERT_EQ(sums[0].size(), 20u);
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_NE(sums[0][1], sums[0][2]) << "the buffers moved";
+}
+#endif
 
 TEST_F(DistributedTrainTest, BadRendezvousVariablesAreNamed) {
   const std::string run = tmp_.file("bad");

@@ -42,6 +42,20 @@ std::vector<int64_t> logged_checkpoint_steps(const std::string& run) {
   return steps;
 }
 
+// The steps of the training rows of a run's metrics.csv (the rows whose validation columns are empty), in order.
+std::vector<int64_t> logged_train_steps(const std::string& run) {
+  std::istringstream csv(test::read_file(run + "/metrics.csv"));
+  std::vector<int64_t> steps;
+  std::string line;
+  std::getline(csv, line);
+  while (std::getline(csv, line)) {
+    if (!line.empty() && line.back() == ',') {
+      steps.push_back(std::stoll(line.substr(0, line.find(','))));
+    }
+  }
+  return steps;
+}
+
 // The last line of `text` (without its newline).
 std::string last_line(const std::string& text) {
   const size_t end = text.size() > 0 && text.back() == '\n' ? text.size() - 1 : text.size();
@@ -189,6 +203,10 @@ TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
   std::uniform_int_distribution<int64_t> early(1, 20);
   std::uniform_int_distribution<int64_t> later(30, total - 200);
   int mid_run_kills = 0;
+  std::vector<int64_t> every_step(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) {
+    every_step[static_cast<size_t>(i)] = i + 1;
+  }
   for (int round = 0; round < 12; ++round) {
     const int64_t target = round < 2 ? early(generator) : later(generator);
     const std::string run = tmp_.file("run" + std::to_string(round));
@@ -208,6 +226,7 @@ TEST_F(TrainProcessTest, KilledAtRandomMomentsThenResumedEndsBitwiseEqual) {
     Process again(has_checkpoint ? resume(run) : train(run), run + "-again");
     ASSERT_EQ(again.wait(), 0) << again.err();
     EXPECT_TRUE(bitwise_equal(weights(run), expected)) << "round " << round << ": resumed weights differ";
+    EXPECT_EQ(logged_train_steps(run), every_step) << "round " << round << ": metrics.csv holds each step once";
   }
   EXPECT_GE(mid_run_kills, 10) << "every kill after step 25 lands between a checkpoint and the end";
 }

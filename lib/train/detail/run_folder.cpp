@@ -135,6 +135,7 @@ void RunFolder::add_train_row(int64_t step, int64_t epoch, double loss, const st
     }
     metrics_ << "," << format_number(lr) << "," << format_number(rate) << "," << std::string(metrics.size(), ',')
              << "\n";
+    metrics_.flush();
   }
   if (events_) {
     std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss}};

@@ -60,7 +60,7 @@ class RunFolder {
   /// that starts after step `step` (a resumed run) marks `step + 1` with a SessionLog START, so that TensorBoard
   /// drops what an earlier process wrote after that step (past its last checkpoint) before it was stopped.
   void open_events(int64_t step);
-  /// A training row of `metrics.csv`: the window's loss and metrics (in open_metrics()'s order); with an event
+  /// A training row of `metrics.csv`, flushed at once: the window's loss and metrics (in open_metrics()'s order); with an event
   /// file, the scalars `train/loss`, `train/METRIC`, `train/lr` and `train/samples_per_second` at `step`, flushed.
   void add_train_row(int64_t step, int64_t epoch, double loss, const std::vector<double>& metrics, double lr,
                      double rate);
