@@ -170,6 +170,8 @@ std::vector<Suite>& registry() {
        nullptr, bench_optimizers},
       {"precision", "MLP steps in fp32, bf16, fp16 at batch 64, 256, 1024: dkit, its products alone, PyTorch autocast",
        nullptr, bench_precision},
+      {"lenet", "d2l's LeNet on Fashion-MNIST at batch 64, 256: dkit's Trainer vs a bare LibTorch loop vs PyTorch",
+       nullptr, bench_lenet},
   };
   return suites;
 }

@@ -121,6 +121,12 @@ SuiteResult bench_optimizers(const SuiteOptions& options);
 /// ms per step, the ratio to fp32 and to PyTorch, and the CPU's flags for bfloat16 and float16.
 SuiteResult bench_precision(const SuiteOptions& options);
 
+/// `lenet`: d2l's LeNet training steps on the CPU at batch sizes `sizes` (default 64, 256) on Fashion-MNIST (or
+/// synthetic images without it): a bare hand-written LibTorch loop, dkit's Trainer with a ModuleTask over the same
+/// module and batches, and PyTorch eager side by side; ms per step, the Trainer's cost over the loop, and the ratio
+/// to PyTorch. `steps` (default 300) is rounded up to a multiple of 50, the steps between two reads of the loss.
+SuiteResult bench_lenet(const SuiteOptions& options);
+
 /// Why `transfer` cannot run with these options; empty when it can.
 std::string transfer_unsupported(const SuiteOptions& options);
 

@@ -129,6 +129,22 @@ TEST_F(SuitesTest, TrainRunsTinyBatchesOnTheCpu) {
   EXPECT_NE(result.description.find("6 * batch * 84480 + 13 * 85002 for Adam"), std::string::npos);
 }
 
+TEST_F(SuitesTest, LenetTimesTheTrainerBesideTheBareLoop) {
+  const SuiteResult result =
+      bench_lenet(SuiteOptions().devices({cpu()}).sizes({8}).steps(30).repeat(1).python("none"));
+  ASSERT_TRUE(result.ran());
+  const ResultTable& table = result.table;
+  ASSERT_EQ(table.rows().size(), 2u);
+  EXPECT_EQ(text_of(table.at(0, "variant")), "libtorch-loop");
+  EXPECT_EQ(text_of(table.at(1, "variant")), "dkit-trainer");
+  EXPECT_EQ(integer_of(table.at(1, "batch")), 8);
+  EXPECT_EQ(integer_of(table.at(1, "steps")), 50);
+  EXPECT_GT(std::get<double>(table.at(1, "samples_per_s")), 0.0);
+  EXPECT_DOUBLE_EQ(std::get<double>(table.at(0, "vs_loop")), 1.0);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(table.at(1, "vs_pytorch")));
+  EXPECT_EQ(result.notes.back(), "PyTorch comparison left out (--python none)");
+}
+
 TEST_F(SuitesTest, TrainSaysWhyThePyTorchSideIsMissing) {
   const SuiteResult result = bench_train(
       SuiteOptions().devices({cpu()}).sizes({4}).steps(2).repeat(1).python_script("/nonexistent/mlp_train.py"));
@@ -416,7 +432,7 @@ TEST_F(SuitesTest, FindsSuitesByName) {
   EXPECT_EQ(try_find_suite("nope"), nullptr);
   EXPECT_EQ(error_message([] { find_suite("nope"); }),
             "unknown benchmark suite 'nope'; the suites are matmul, logging, transfer, multi-gpu, train, optimizers, "
-            "precision, all");
+            "precision, lenet, all");
 }
 
 TEST_F(SuitesTest, RegisteredSuiteRunsByNameAndComesLast) {
