@@ -774,7 +774,9 @@ struct Trainer::Impl {
     train_clock.start();
     window_start = train_clock.seconds();
     while (!finished && epoch < options.epochs()) {
+      train_clock.stop();
       loader->start_epoch(epoch, epoch_step);
+      train_clock.start();
       validated = false;
       while (take_next_step(metrics)) {
         if (end_step(policy, metrics)) {
