@@ -6,6 +6,7 @@
 #include <dkit/device/host_sync.h>
 #include <dkit/train/task.h>
 
+#include "../checkpoint/python.h"
 #include "../support.h"
 
 #include <fstream>
@@ -204,6 +205,43 @@ TEST_F(FitTest, AFailedRunContinuesFromItsCheckpointBitwise) {
     expected[static_cast<size_t>(i)] = i + 1;
   }
   EXPECT_EQ(train_steps, expected);
+}
+
+// The checkpoint keeps PyTorch's layout: Python's torch.load(weights_only=True) reads it (PyTorch 2; 1.13's weights-only
+// unpickler has no BINFLOAT, so there it reads it without), and the same CNN written in Python loads its
+// model_state_dict strictly, computes the same logits and takes the optimizer's state.
+TEST_F(FitTest, PythonLoadsTheCnnCheckpointWithWeightsOnly) {
+  DKIT_SKIP_WITHOUT_PYTHON_TORCH();
+  CnnTask task;
+  Trainer(options("run").epochs(1)).fit(task, train_, val_);
+  const at::Tensor x = val_.features.narrow(0, 0, 8).to(torch::kFloat) / 255;
+  task.net->eval();
+  const at::Tensor logits = task.net(x).detach();
+  write_torch_file(tmp_.file("io.pt"), PickleValue::dict({{"x", x}, {"logits", logits}}));
+  const auto result = test::run_python(tmp_.file("check.py"), R"(import sys, torch
+from torch import nn
+ck = torch.load(sys.argv[1], weights_only=int(torch.__version__.split(".")[0]) >= 2)
+assert "model" not in ck and ck["task_state"] == {"steps": 15}, list(ck)
+assert ck["scheduler_state_dict"] == {"step_count": 0}, ck["scheduler_state_dict"]
+class SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.drop, self.fc = nn.Dropout(0.2), nn.Linear(64, 3)
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.norm(self.conv(x))), 2)
+        return self.fc(self.drop(x.flatten(1)))
+net = SmallCnn()
+net.load_state_dict(ck["model_state_dict"], strict=True)
+net.eval()
+io = torch.load(sys.argv[2])
+assert torch.allclose(net(io["x"]), io["logits"], atol=1e-5), (net(io["x"]) - io["logits"]).abs().max()
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+opt.load_state_dict(ck["optimizer_state_dict"])
+print("ok")
+)",
+                                        tmp_.file("run/checkpoints/last.pt") + " " + tmp_.file("io.pt"));
+  EXPECT_EQ(result.status, 0) << result.output;
 }
 
 // A user's torch::data dataset trains exactly as the tensors it serves.
