@@ -134,7 +134,12 @@ void GradientReducer::synchronize() {
     for (size_t b = s.next_to_start; b < s.buckets.size(); ++b) {
       for (const int64_t i : s.buckets[b].parameters) {
         if (!s.slots[i].ready) {
-          s.view(i).zero_();
+          const at::Tensor& held = s.parameters[i].grad();
+          if (held.defined()) {
+            s.view(i).copy_(held.reshape_as(s.view(i)));
+          } else {
+            s.view(i).zero_();
+          }
           s.slots[i].ready = true;
           --s.buckets[b].waiting;
         }

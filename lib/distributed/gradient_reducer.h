@@ -49,9 +49,9 @@ class GradientReducer {
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
-  /// After backward(): starts the buckets whose parameters got no gradient (with zeros for those), waits for every
-  /// bucket, and sets each parameter's `.grad` to its slice of its summed bucket. A lost rank is a dkit::Error
-  /// naming it (see ProcessGroupContext::wait()).
+  /// After backward(): starts the buckets whose parameters got no gradient in this pass (with the gradient they
+  /// hold from earlier batches, or zeros), waits for every bucket, and sets each parameter's `.grad` to its slice of
+  /// its summed bucket. A lost rank is a dkit::Error naming it (see ProcessGroupContext::wait()).
   void synchronize();
 
   /// The position of `parameter` in the constructor's list (the same tensor, not an equal one), or -1.
