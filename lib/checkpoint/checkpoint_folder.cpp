@@ -77,6 +77,20 @@ std::string CheckpointFolder::save(const TrainingCheckpoint& checkpoint) {
   return step_path;
 }
 
+std::string CheckpointFolder::keep_as(const std::string& path, const std::string& name) const {
+  const std::string kept = (fs::path(path_) / name).string();
+  const std::string temporary = kept + ".tmp.link";
+  ::unlink(temporary.c_str());
+  if (::link(path.c_str(), temporary.c_str()) != 0) {
+    std::error_code error;
+    fs::copy_file(path, temporary, fs::copy_options::overwrite_existing, error);
+    DKIT_CHECK(!error, "cannot copy ", path, " to ", kept, ": ", error.message());
+  }
+  DKIT_CHECK(::rename(temporary.c_str(), kept.c_str()) == 0, "cannot write ", kept, ": ", std::strerror(errno));
+  sync_folder(path_);
+  return kept;
+}
+
 std::vector<std::string> CheckpointFolder::step_files() const {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code error;

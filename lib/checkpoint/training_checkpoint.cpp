@@ -52,6 +52,9 @@ void save_training_checkpoint(const std::string& path, const TrainingCheckpoint&
   if (!checkpoint.task_state.is_none()) {
     root.set("task_state", checkpoint.task_state);
   }
+  if (!checkpoint.trainer_state.is_none()) {
+    root.set("trainer_state", checkpoint.trainer_state);
+  }
   write_torch_file(path, root);
 }
 
@@ -108,6 +111,9 @@ TrainingCheckpoint training_checkpoint_from(const PickleValue& root, const std::
   }
   if (const PickleValue* task = fields.find("task_state")) {
     checkpoint.task_state = *task;
+  }
+  if (const PickleValue* trainer = fields.find("trainer_state")) {
+    checkpoint.trainer_state = *trainer;
   }
   return checkpoint;
 }

@@ -69,7 +69,7 @@ void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const Pickl
 /// module's parameters and buffers, named as LibTorch registers them), `model` (when set), `input_mean`/`input_std`
 /// (when set), `optimizer_state_dict`, `step`, `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor,
 /// ...]}`), `config`, `data_checksum`, `world_size` (absent from files written before it, read as 1) and, when set,
-/// `scaler`, `scheduler_state_dict` and `task_state`.
+/// `scaler`, `scheduler_state_dict`, `task_state` and `trainer_state`.
 struct TrainingCheckpoint {
   /// The model's parameters and buffers (see module_state_dict()).
   StateDict model_state_dict{"state dict key"};
@@ -105,6 +105,9 @@ struct TrainingCheckpoint {
   PickleValue scheduler_state_dict;
   /// The training task's own state (Task::state_dict()), saved as `task_state` when it is not None.
   PickleValue task_state;
+  /// The trainer's own state (the best checkpoints kept, early stopping's count), saved as `trainer_state` when it
+  /// is not None.
+  PickleValue trainer_state;
 };
 
 /// Writes `checkpoint` to `path` atomically (see write_torch_file()). Python's `torch.load(path)` reads it.
@@ -169,6 +172,10 @@ class CheckpointFolder {
   /// in place, or the new one, never a step file newer than `last.pt`. Temporary files left by a process killed
   /// while saving are removed first. Returns the step file's path.
   std::string save(const TrainingCheckpoint& checkpoint);
+
+  /// Makes `RUN_DIR/checkpoints/NAME` the same file as `path`, a file save() wrote, atomically (a hard link, or a
+  /// copy where links are not supported); save() never deletes it. Returns its path.
+  std::string keep_as(const std::string& path, const std::string& name) const;
 
   /// The step-numbered files present, newest (highest step) first.
   std::vector<std::string> step_files() const;
