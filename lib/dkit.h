@@ -30,5 +30,6 @@
 #include <dkit/train/mlp_task.h>
 #include <dkit/train/optim.h>
 #include <dkit/train/step.h>
+#include <dkit/train/schedule.h>
 #include <dkit/train/task.h>
 #include <dkit/train/trainer.h>

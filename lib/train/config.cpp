@@ -433,6 +433,55 @@ const std::vector<KeySpec>& key_specs() {
       value_key<double>("train.weight_decay", &C::weight_decay, 0.0,
                         "L2 penalty (sgd, adam) or decoupled weight decay (adamw)",
                         {[](double decay) { return decay >= 0.0 && std::isfinite(decay); }, "at least 0"}),
+      enum_key("train.lr_schedule", &C::lr_schedule, kLrDecayNames, LrDecay::kConstant,
+               "the learning rate after the warm-up, per optimizer step: `constant`, `cosine` (down to "
+               "train.lr_min_factor times it at the last step) or `step` (times train.lr_gamma every "
+               "train.lr_step_size steps)"),
+      value_key<int64_t>("train.warmup_steps", &C::warmup_steps, 0,
+                         "optimizer steps of a linear warm-up of the learning rate from 0",
+                         at_least<int64_t>(0, "at least 0")),
+      value_key<double>("train.lr_min_factor", &C::lr_min_factor, 0.0,
+                        "`cosine`: the learning rate's floor, as a fraction of train.lr",
+                        {[](double factor) { return factor >= 0.0 && factor <= 1.0; }, "in [0, 1]"}),
+      value_key<int64_t>("train.lr_step_size", &C::lr_step_size, 1000, "`step`: optimizer steps between decays",
+                         at_least<int64_t>(1, "at least 1")),
+      value_key<double>("train.lr_gamma", &C::lr_gamma, 0.1, "`step`: the factor of each decay",
+                        {[](double gamma) { return gamma > 0.0 && std::isfinite(gamma); }, "a positive number"}),
+      trainer_key(value_key<int64_t>("train.accumulate_grad_batches", &C::accumulate_grad_batches,
+                                     trainer_defaults().accumulate_grad_batches(),
+                                     "batches whose gradients make one optimizer step (the gradients summed over "
+                                     "processes once per step)",
+                                     at_least<int64_t>(1, "at least 1"))),
+      trainer_key(value_key<double>("train.clip_grad_norm", &C::clip_grad_norm, trainer_defaults().clip_grad_norm(),
+                                    "clip the gradients' global L2 norm to this before each optimizer step (after "
+                                    "unscaling and the sum over processes); 0 means no clipping",
+                                    {[](double norm) { return norm >= 0.0 && std::isfinite(norm); }, "at least 0"})),
+      trainer_key(value_key<double>("train.max_time", &C::max_time, trainer_defaults().max_time(),
+                                    "seconds this run may train before it stops with a checkpoint (continue it with "
+                                    "--auto-resume); 0 means no limit",
+                                    {[](double seconds) { return seconds >= 0.0 && std::isfinite(seconds); },
+                                     "at least 0"})),
+      trainer_key(value_key<std::string>("train.monitor", &C::monitor, trainer_defaults().monitor(),
+                                         "the validation figure train.save_top_k and early stopping watch: "
+                                         "`val_loss` or `val_accuracy`",
+                                         {[](const std::string& name) { return name.rfind("val_", 0) == 0; },
+                                          "`val_loss` or `val_` and a metric's name"})),
+      trainer_key(enum_key("train.monitor_mode", &C::monitor_mode, kMonitorModeNames, trainer_defaults().monitor_mode(),
+                           "whether train.monitor improves downwards (`min`) or upwards (`max`)")),
+      trainer_key(value_key<int64_t>("train.save_top_k", &C::save_top_k, trainer_defaults().save_top_k(),
+                                     "keep the checkpoints of the k best validations by train.monitor "
+                                     "(`checkpoints/best-*.pt`); 0 keeps none",
+                                     at_least<int64_t>(0, "at least 0"))),
+      trainer_key(value_key<int64_t>("train.early_stopping_patience", &C::early_stopping_patience,
+                                     trainer_defaults().early_stopping_patience(),
+                                     "stop after this many validations in a row without improving train.monitor; 0 "
+                                     "never stops early",
+                                     at_least<int64_t>(0, "at least 0"))),
+      trainer_key(value_key<double>("train.early_stopping_min_delta", &C::early_stopping_min_delta,
+                                    trainer_defaults().early_stopping_min_delta(),
+                                    "the least change of train.monitor that counts as an improvement",
+                                    {[](double delta) { return delta >= 0.0 && std::isfinite(delta); },
+                                     "at least 0"})),
       trainer_key(value_key<int64_t>(
           "train.log_every", &C::log_every, trainer_defaults().log_every(),
           "steps between metric flushes: the only device-to-host transfers of the training loop",
@@ -669,6 +718,14 @@ void trainer_fields(FullTrainConfig& c, TrainerOptions& o, Copy copy) {
   copy(c.batch_size, o.batch_size());
   copy(c.precision, o.precision());
   copy(c.log_every, o.log_every());
+  copy(c.accumulate_grad_batches, o.accumulate_grad_batches());
+  copy(c.clip_grad_norm, o.clip_grad_norm());
+  copy(c.max_time, o.max_time());
+  copy(c.monitor, o.monitor());
+  copy(c.monitor_mode, o.monitor_mode());
+  copy(c.save_top_k, o.save_top_k());
+  copy(c.early_stopping_patience, o.early_stopping_patience());
+  copy(c.early_stopping_min_delta, o.early_stopping_min_delta());
   copy(c.checkpoint_every, o.checkpoint_every());
   copy(c.keep_checkpoints, o.keep_checkpoints());
   copy(c.tensorboard, o.tensorboard());

@@ -12,12 +12,15 @@
 namespace dkit {
 
 // Declared with their name tables in the modules that use them (model/mlp.h, data/dataset.h, data/loader.h,
-// distributed/process_group.h, train/amp.h); config.cpp includes those, this header stays free of LibTorch.
+// distributed/process_group.h, train/amp.h, train/schedule.h, train/trainer.h); config.cpp includes those, this
+// header stays free of LibTorch.
 enum class Activation;
 enum class Scaling;
 enum class Placement;
 enum class Backend;
 enum class Precision;
+enum class LrDecay;
+enum class MonitorMode;
 
 /// Where `data.source` reads samples from.
 enum class DataSource {
@@ -112,6 +115,32 @@ struct FullTrainConfig {
   bool nesterov;
   /// `train.weight_decay`.
   double weight_decay;
+  /// `train.lr_schedule`: what follows the warm-up.
+  LrDecay lr_schedule;
+  /// `train.warmup_steps`.
+  int64_t warmup_steps;
+  /// `train.lr_min_factor`: the cosine's floor.
+  double lr_min_factor;
+  /// `train.lr_step_size`: steps between decays of the step schedule.
+  int64_t lr_step_size;
+  /// `train.lr_gamma`: the step schedule's factor.
+  double lr_gamma;
+  /// `train.accumulate_grad_batches`.
+  int64_t accumulate_grad_batches;
+  /// `train.clip_grad_norm` (0: none).
+  double clip_grad_norm;
+  /// `train.max_time`, in seconds (0: no limit).
+  double max_time;
+  /// `train.monitor`.
+  std::string monitor;
+  /// `train.monitor_mode`.
+  MonitorMode monitor_mode;
+  /// `train.save_top_k`.
+  int64_t save_top_k;
+  /// `train.early_stopping_patience` (0: never).
+  int64_t early_stopping_patience;
+  /// `train.early_stopping_min_delta`.
+  double early_stopping_min_delta;
   /// `train.log_every`.
   int64_t log_every;
   /// `train.checkpoint_every` (0: only at the end).

@@ -63,9 +63,28 @@ std::unique_ptr<torch::optim::Optimizer> MlpTask::configure_optimizer() {
   TORCH_INTERNAL_ASSERT(false, "unhandled OptimizerKind ", static_cast<int>(c.optimizer));
 }
 
+Scheduler MlpTask::configure_scheduler(torch::optim::Optimizer& optimizer, const TrainingPlan& plan) {
+  Scheduler scheduler;
+  if (config_.lr_schedule == LrDecay::kConstant && config_.warmup_steps == 0) {
+    return scheduler;
+  }
+  scheduler.scheduler = std::make_unique<WarmupLR>(optimizer, WarmupScheduleOptions(plan.total_steps)
+                                                                  .warmup_steps(config_.warmup_steps)
+                                                                  .decay(config_.lr_schedule)
+                                                                  .min_factor(config_.lr_min_factor)
+                                                                  .step_size(config_.lr_step_size)
+                                                                  .gamma(config_.lr_gamma));
+  scheduler.interval = SchedulerInterval::kStep;
+  return scheduler;
+}
+
 void MlpTask::on_train_start(const StepContext& context) {
   const Device device = model_->layers().front()->weight.device();
   if (config_.dist_data_parallel) {
+    DKIT_CHECK(context.accumulate_grad_batches == 1 && context.clip_grad_norm == 0,
+               "dist.data_parallel takes its own steps, which neither accumulate nor clip gradients; set "
+               "train.accumulate_grad_batches: 1 and train.clip_grad_norm: 0, or run one process per GPU with "
+               "torchrun");
     DKIT_CHECK(data_parallel_available(), "dist.data_parallel is not available: ", data_parallel_unavailable_reason(),
                " (see `dkit devices`); set dist.data_parallel: false");
     DKIT_CHECK(context.reducer == nullptr, "dist.data_parallel runs one process on every GPU, but this is one "
@@ -101,6 +120,10 @@ void MlpTask::on_train_start(const StepContext& context) {
   } else {
     updates = fmt::format("dkit's one-pass updates ({} kernels, {} rounding)", fused_kernel_instructions(),
                           to_string(kernel));
+  }
+  if (context.accumulate_grad_batches > 1 || context.clip_grad_norm > 0) {
+    context.log("each step: autograd, as the Trainer accumulates or clips the gradients");
+    return;
   }
   context.log(fmt::format("each step: {}, {}", step_->direct() ? "dkit's written-out backward pass" : "autograd",
                           updates));

@@ -37,6 +37,7 @@ class MlpTask : public Task {
   std::vector<std::string> metric_names() const override;
   StepResult training_step(const Batch& batch) override;
   std::unique_ptr<torch::optim::Optimizer> configure_optimizer() override;
+  Scheduler configure_scheduler(torch::optim::Optimizer& optimizer, const TrainingPlan& plan) override;
   void on_train_start(const StepContext& context) override;
   std::optional<StepResult> take_step(const Batch& batch, const StepContext& context) override;
   void describe(TrainingCheckpoint& checkpoint) const override;

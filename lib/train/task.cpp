@@ -37,7 +37,7 @@ std::unique_ptr<torch::optim::Optimizer> Task::configure_optimizer() {
   return std::make_unique<torch::optim::Adam>(module().parameters(), torch::optim::AdamOptions(1e-3));
 }
 
-Scheduler Task::configure_scheduler(torch::optim::Optimizer& /*optimizer*/) {
+Scheduler Task::configure_scheduler(torch::optim::Optimizer& /*optimizer*/, const TrainingPlan& /*plan*/) {
   return {};
 }
 
@@ -127,13 +127,47 @@ std::unique_ptr<torch::optim::Optimizer> ModuleTask::configure_optimizer() {
   return Task::configure_optimizer();
 }
 
-Scheduler ModuleTask::configure_scheduler(torch::optim::Optimizer& optimizer) {
+Scheduler ModuleTask::configure_scheduler(torch::optim::Optimizer& optimizer, const TrainingPlan& plan) {
   Scheduler scheduler;
   if (options_.scheduler()) {
-    scheduler.scheduler = options_.scheduler()(optimizer);
+    scheduler.scheduler = options_.scheduler()(optimizer, plan);
     scheduler.interval = options_.scheduler_interval();
   }
   return scheduler;
+}
+
+SchedulerFactory warmup_scheduler(WarmupScheduleOptions options) {
+  return [options](torch::optim::Optimizer& optimizer,
+                   const TrainingPlan& plan) -> std::unique_ptr<torch::optim::LRScheduler> {
+    WarmupScheduleOptions resolved = options;
+    if (resolved.total_steps() == 0) {
+      resolved.total_steps(plan.total_steps);
+    }
+    return std::make_unique<WarmupLR>(optimizer, resolved);
+  };
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) {
+      grads.push_back(parameter.grad().detach());
+    }
+  }
+  if (grads.empty()) {
+    return torch::zeros({});
+  }
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& grad : grads) {
+    norms.push_back(grad.norm(2));
+  }
+  const at::Tensor total = torch::stack(norms).norm(2);
+  const at::Tensor coefficient = ((total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
+  for (auto& grad : grads) {
+    grad.mul_(coefficient.to(grad.device()));
+  }
+  return total;
 }
 
 } // namespace dkit

@@ -4,6 +4,7 @@
 #include <dkit/core/enum_names.h>
 #include <dkit/data/loader.h>
 #include <dkit/train/amp.h>
+#include <dkit/train/schedule.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -58,6 +59,16 @@ struct Scheduler {
   SchedulerInterval interval = SchedulerInterval::kEpoch;
 };
 
+/// What the Trainer knows of a run before its first step, for a scheduler that needs the run's length.
+struct TrainingPlan {
+  /// The optimizer steps the run ends at, counting from the very first (TrainerOptions::max_steps caps them).
+  int64_t total_steps = 0;
+  /// Optimizer steps per epoch: the loader's batches over TrainerOptions::accumulate_grad_batches, rounded up.
+  int64_t steps_per_epoch = 0;
+  /// Passes over the training data.
+  int64_t epochs = 0;
+};
+
 /// What the Trainer hands a task that takes its own steps (Task::take_step()): everything a step needs besides the
 /// batch. The pointers stay valid for the whole run.
 struct StepContext {
@@ -71,6 +82,10 @@ struct StepContext {
   GradientReducer* reducer = nullptr;
   /// Writes an info line to the run's log (`train.log`, and TrainerOptions::on_log).
   std::function<void(const std::string&)> log;
+  /// The global norm the Trainer clips gradients to (TrainerOptions::clip_grad_norm); 0: none.
+  double clip_grad_norm = 0;
+  /// Batches whose gradients make one optimizer step (TrainerOptions::accumulate_grad_batches).
+  int64_t accumulate_grad_batches = 1;
 };
 
 /// What a Trainer trains, in the spirit of Lightning's `LightningModule`: a module, its training and validation
@@ -110,8 +125,8 @@ class Task {
   /// with a learning rate of 1e-3.
   virtual std::unique_ptr<torch::optim::Optimizer> configure_optimizer();
 
-  /// A learning-rate scheduler for `optimizer`; none by default.
-  virtual Scheduler configure_scheduler(torch::optim::Optimizer& optimizer);
+  /// A learning-rate scheduler for `optimizer`, for a run of `plan`'s length; none by default.
+  virtual Scheduler configure_scheduler(torch::optim::Optimizer& optimizer, const TrainingPlan& plan);
 
   /// Called once before the first step, with what every step gets: where a task that takes its own steps prepares
   /// them. Nothing by default.
@@ -120,8 +135,8 @@ class Task {
   /// Takes the whole step on `batch` (forward, backward, the reduction over ranks, the optimizer's update) and
   /// returns what it measured, or returns nothing to let the Trainer take the step through training_step(): what
   /// Lightning calls manual optimisation, for a task with a faster step of its own (dkit's MLP takes its written-out
-  /// backward pass here). A task's step must leave the module and optimizer as the Trainer's would. Nothing by
-  /// default.
+  /// backward pass here). A task's step must leave the module and optimizer as the Trainer's would. Not called when
+  /// the run clips or accumulates gradients (StepContext), which the Trainer's own step does. Nothing by default.
   virtual std::optional<StepResult> take_step(const Batch& batch, const StepContext& context);
 
   /// The task's own state to checkpoint beside the module's and the optimizer's (PickleValue types only: numbers,
@@ -174,8 +189,18 @@ OptimizerFactory make_optimizer(Options options) {
   };
 }
 
-/// Makes a learning-rate scheduler for the optimizer.
-using SchedulerFactory = std::function<std::unique_ptr<torch::optim::LRScheduler>(torch::optim::Optimizer&)>;
+/// Makes a learning-rate scheduler for the optimizer of a run of the plan's length.
+using SchedulerFactory =
+    std::function<std::unique_ptr<torch::optim::LRScheduler>(torch::optim::Optimizer&, const TrainingPlan&)>;
+
+/// A SchedulerFactory of dkit::WarmupLR (train/schedule.h) with `options`; a `total_steps` of 0 takes the run's
+/// (TrainingPlan::total_steps). Step it each step (SchedulerInterval::kStep).
+SchedulerFactory warmup_scheduler(WarmupScheduleOptions options);
+
+/// Scales the gradients of `parameters` so that their global L2 norm is at most `max_norm`, as
+/// `torch.nn.utils.clip_grad_norm_` does (the same operations, so the same rounding on the CPU), and returns the norm
+/// they had as a 0-d tensor on their device: nothing is read back to the host.
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm);
 
 /// How a ModuleTask trains its module. The defaults make it a classifier.
 struct ModuleTaskOptions {
@@ -220,7 +245,7 @@ class ModuleTask : public Task {
   std::vector<std::string> metric_names() const override;
   StepResult training_step(const Batch& batch) override;
   std::unique_ptr<torch::optim::Optimizer> configure_optimizer() override;
-  Scheduler configure_scheduler(torch::optim::Optimizer& optimizer) override;
+  Scheduler configure_scheduler(torch::optim::Optimizer& optimizer, const TrainingPlan& plan) override;
 
   /// The module's output for `features`.
   at::Tensor forward(const at::Tensor& features);

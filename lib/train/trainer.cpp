@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -34,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 using detail::RunFolder;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// The stop reason of a spent max_time; a StopRequest's reasons are positive.
+constexpr int kOutOfTime = -1;
 
 class OptionalSyncCheck {
  public:
@@ -182,6 +185,20 @@ struct Trainer::Impl {
   StepContext context;
   std::vector<at::Tensor> zero_row;
 
+  Clock::time_point started = Clock::now();
+  int64_t accumulate = 1;
+  bool own_steps = true;
+  TrainingPlan training_plan;
+  int monitor_column = -1;
+  struct Kept {
+    double value = 0;
+    std::string file;
+  };
+  std::vector<Kept> best;
+  double early_best = kNaN;
+  int64_t bad_validations = 0;
+  bool stopped_early = false;
+
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t epoch_step = 0;
@@ -199,8 +216,17 @@ struct Trainer::Impl {
     return group == nullptr || group->is_main();
   }
 
+  // A StopRequest's reason, or kOutOfTime when max_time is spent, or 0.
   int stop_requested() const {
-    return options.stop() ? options.stop()->reason() : 0;
+    const int reason = options.stop() ? options.stop()->reason() : 0;
+    if (reason != 0) {
+      return reason;
+    }
+    if (options.max_time() > 0 &&
+        std::chrono::duration<double>(Clock::now() - started).count() >= options.max_time()) {
+      return kOutOfTime;
+    }
+    return 0;
   }
 
   void info(const std::string& text, bool headline = false) {
@@ -212,6 +238,7 @@ struct Trainer::Impl {
   }
 
   TrainSummary fit(Task& fitted, FitData training, FitData validation) {
+    started = Clock::now();
     task = &fitted;
     train_data = std::move(training);
     val_data = std::move(validation);
@@ -249,6 +276,20 @@ struct Trainer::Impl {
     DKIT_CHECK(options.log_every() >= 1, "TrainerOptions::log_every must be at least 1, got ", options.log_every());
     DKIT_CHECK(options.checkpoint_every() >= 0, "TrainerOptions::checkpoint_every must be at least 0, got ",
                options.checkpoint_every());
+    DKIT_CHECK(options.accumulate_grad_batches() >= 1,
+               "TrainerOptions::accumulate_grad_batches must be at least 1, got ", options.accumulate_grad_batches());
+    DKIT_CHECK(options.clip_grad_norm() >= 0 && std::isfinite(options.clip_grad_norm()),
+               "TrainerOptions::clip_grad_norm must be at least 0 (0: no clipping), got ", options.clip_grad_norm());
+    DKIT_CHECK(options.max_time() >= 0 && std::isfinite(options.max_time()),
+               "TrainerOptions::max_time must be at least 0 seconds (0: no limit), got ", options.max_time());
+    DKIT_CHECK(options.save_top_k() >= 0, "TrainerOptions::save_top_k must be at least 0, got ", options.save_top_k());
+    DKIT_CHECK(options.early_stopping_patience() >= 0,
+               "TrainerOptions::early_stopping_patience must be at least 0 (0: never), got ",
+               options.early_stopping_patience());
+    DKIT_CHECK(options.early_stopping_min_delta() >= 0 && std::isfinite(options.early_stopping_min_delta()),
+               "TrainerOptions::early_stopping_min_delta must be at least 0, got ", options.early_stopping_min_delta());
+    accumulate = options.accumulate_grad_batches();
+    own_steps = accumulate == 1 && options.clip_grad_norm() == 0;
     if (options.check_syncs()) {
       DKIT_CHECK(DKIT_WITH_CUDA, "check_syncs (dkit train --check-syncs) needs a CUDA build; this one is CPU only");
       DKIT_CHECK(device.is_cuda(), "check_syncs (dkit train --check-syncs) needs a CUDA device; the run's device is ",
@@ -291,6 +332,12 @@ struct Trainer::Impl {
                        "thread in reused ordinary host buffers instead",
                        device.str()));
     }
+    training_plan.epochs = options.epochs();
+    training_plan.steps_per_epoch = (loader->batches_per_epoch() + accumulate - 1) / accumulate;
+    training_plan.total_steps = training_plan.epochs * training_plan.steps_per_epoch;
+    if (options.max_steps() > 0) {
+      training_plan.total_steps = std::min(training_plan.total_steps, options.max_steps());
+    }
     const int64_t val_size = val_loader ? val_loader->size() : 0;
     info(group ? fmt::format("split: {} training, {} validation samples; {} global batches of {} per epoch ({} "
                              "processes of {}), loader placement {}",
@@ -323,12 +370,39 @@ struct Trainer::Impl {
       }
     }
     optimizer_state_dict(*optimizer);
-    scheduler = task->configure_scheduler(*optimizer);
+    scheduler = task->configure_scheduler(*optimizer, training_plan);
     if (scheduler.scheduler) {
       load_scheduler_state_dict(*scheduler.scheduler, PickleValue::dict({{"step_count", int64_t{0}}}));
     }
     info(fmt::format("model: {} on {}, optimizer {} lr {}", task->description(), device.str(),
                      optimizer_name(*optimizer), format_number(optimizer->param_groups().front().options().get_lr())));
+    setup_monitor();
+  }
+
+  bool monitoring() const {
+    return options.save_top_k() > 0 || options.early_stopping_patience() > 0;
+  }
+
+  void setup_monitor() {
+    if (!monitoring()) {
+      return;
+    }
+    std::vector<std::string> figures{"val_loss"};
+    for (const auto& name : metric_names) {
+      figures.push_back("val_" + name);
+    }
+    const auto found = std::find(figures.begin(), figures.end(), options.monitor());
+    std::string names;
+    for (const auto& figure : figures) {
+      names += (names.empty() ? "" : ", ") + figure;
+    }
+    DKIT_CHECK(found != figures.end(), "TrainerOptions::monitor (train.monitor) is '", options.monitor(),
+               "', which is none of this task's validation figures: ", names);
+    DKIT_CHECK(val_loader.has_value(), "save_top_k and early stopping watch ", options.monitor(),
+               ", but the run has no validation data");
+    monitor_column = static_cast<int>(found - figures.begin());
+    summary.monitor = options.monitor();
+    summary.best_value = kNaN;
   }
 
   void setup_precision() {
@@ -385,6 +459,9 @@ struct Trainer::Impl {
     if (!checkpoint.task_state.is_none()) {
       task->load_state_dict(checkpoint.task_state, point.source);
     }
+    if (!checkpoint.trainer_state.is_none()) {
+      load_trainer_state(checkpoint.trainer_state, point.source);
+    }
     restore_rng_state(checkpoint.rng);
     step = checkpoint.step;
     epoch = checkpoint.epoch;
@@ -404,6 +481,42 @@ struct Trainer::Impl {
                            epoch + 1, epoch_step, checkpoint.epoch_step * point.saved_batch_size * checkpoint.world_size));
     }
     info(fmt::format("resumed from {} at step {} (epoch {}, batch {})", point.source, step, epoch + 1, epoch_step));
+  }
+
+  PickleValue trainer_state() const {
+    if (!monitoring()) {
+      return {};
+    }
+    PickleValue kept = PickleValue::list();
+    for (const auto& item : best) {
+      kept.push_back(PickleValue::dict({{"value", item.value}, {"file", item.file}}));
+    }
+    return PickleValue::dict({{"monitor", options.monitor()},
+                              {"best", kept},
+                              {"early_best", early_best},
+                              {"bad_validations", bad_validations},
+                              {"stopped_early", stopped_early}});
+  }
+
+  void load_trainer_state(const PickleValue& state, const std::string& source) {
+    const PickleValue* monitor = state.find("monitor");
+    if (!monitoring() || monitor == nullptr) {
+      return;
+    }
+    DKIT_CHECK(monitor->to_string() == options.monitor(), "cannot resume from ", source, ": it watched ",
+               monitor->to_string(), " for its best checkpoints and early stopping, this run watches ",
+               options.monitor());
+    best.clear();
+    for (const auto& item : state.find("best")->items()) {
+      best.push_back({item.find("value")->to_double(), item.find("file")->to_string()});
+    }
+    early_best = state.find("early_best")->to_double();
+    bad_validations = state.find("bad_validations")->to_int();
+    stopped_early = state.find("stopped_early")->to_bool();
+    if (!best.empty()) {
+      summary.best_value = best.front().value;
+      summary.best_checkpoint = (run->path() / "checkpoints" / best.front().file).string();
+    }
   }
 
   void start() {
@@ -449,7 +562,12 @@ struct Trainer::Impl {
                      task->description(), device.str(), at::get_num_threads(), processes, loader->description(),
                      loader->batches_per_epoch(), options.batch_size(), run->path().string()),
          /*headline=*/true);
-    total_steps = step + (options.epochs() - epoch) * loader->batches_per_epoch() - epoch_step;
+    const int64_t batches = loader->batches_per_epoch();
+    total_steps = step;
+    if (epoch < options.epochs()) {
+      total_steps += (batches - epoch_step + accumulate - 1) / accumulate +
+                     (options.epochs() - epoch - 1) * training_plan.steps_per_epoch;
+    }
     if (options.max_steps() > 0) {
       total_steps = std::min(total_steps, options.max_steps());
     }
@@ -458,6 +576,17 @@ struct Trainer::Impl {
     context.scaler = scaler ? &*scaler : nullptr;
     context.reducer = reducer.get();
     context.log = [this](const std::string& line) { info(line); };
+    context.clip_grad_norm = options.clip_grad_norm();
+    context.accumulate_grad_batches = accumulate;
+    if (accumulate > 1 || options.clip_grad_norm() > 0) {
+      std::string what = accumulate > 1 ? fmt::format("the gradients of {} batches summed", accumulate) : "";
+      if (options.clip_grad_norm() > 0) {
+        what += fmt::format("{}clipped to a global norm of {}", what.empty() ? "" : ", then ",
+                            format_number(options.clip_grad_norm()));
+      }
+      info(fmt::format("each optimizer step: {}{}", what,
+                       group ? ", after the sum over processes" : ""));
+    }
     const auto zero = torch::zeros({}, torch::TensorOptions().device(device));
     zero_row.assign(metric_names.size() + 1, zero);
   }
@@ -498,21 +627,39 @@ struct Trainer::Impl {
     }
   }
 
-  void take_step(const Batch& batch, MetricBuffer& metrics) {
+  // Samples over all ranks in global batch `batch` of the epoch.
+  int64_t global_rows(int64_t batch) const {
+    const int64_t global_batch = options.batch_size() * world_size;
+    return std::min(global_batch, loader->samples_per_epoch() - batch * global_batch);
+  }
+
+  // Trains on `batch`, the `index`-th of the `length` batches of one optimizer step whose batches hold
+  // `window_samples` samples over all ranks: sums its gradients into the step's; after the last, sums them over the
+  // ranks, clips them and updates.
+  void take_batch(const Batch& batch, MetricBuffer& metrics, int64_t index, int64_t length, int64_t step_samples) {
     const int64_t rows = batch.size();
-    std::optional<StepResult> result = task->take_step(batch, context);
+    const bool last = index + 1 == length;
+    std::optional<StepResult> result;
+    if (own_steps) {
+      result = task->take_step(batch, context);
+    }
     if (result) {
       check_result(*result, "Task::take_step");
     } else {
-      for (auto& parameter : parameters) {
-        parameter.mutable_grad() = at::Tensor();
+      if (index == 0) {
+        for (auto& parameter : parameters) {
+          parameter.mutable_grad() = at::Tensor();
+        }
+      }
+      if (reducer && length > 1) {
+        reducer->set_enabled(last);
       }
       if (rows > 0) {
         result = run_step(batch, "training_step", [&] { return task->training_step(batch); });
         check_result(*result, "training_step");
         at::Tensor objective = result->loss;
-        if (rows != batch.global_samples) {
-          objective = objective * (static_cast<double>(rows) / static_cast<double>(batch.global_samples));
+        if (rows != step_samples) {
+          objective = objective * (static_cast<double>(rows) / static_cast<double>(step_samples));
         }
         if (scaler) {
           scaler->scale(objective).backward();
@@ -520,21 +667,18 @@ struct Trainer::Impl {
           objective.backward();
         }
       }
-      if (reducer) {
-        reducer->synchronize();
-      }
-      if (scaler) {
-        scaler->step(*optimizer);
-        scaler->update();
-      } else {
-        optimizer->step();
+      if (last) {
+        update();
       }
     }
-    if (scheduler.scheduler && scheduler.interval == SchedulerInterval::kStep) {
-      scheduler.scheduler->step();
-    }
-    if (group && !buffers.empty()) {
-      broadcast_buffers();
+    if (last) {
+      if (scheduler.scheduler && scheduler.interval == SchedulerInterval::kStep) {
+        scheduler.scheduler->step();
+      }
+      if (group && !buffers.empty()) {
+        broadcast_buffers();
+      }
+      ++step;
     }
     if (rows > 0 && result) {
       std::vector<at::Tensor> row{result->loss.detach()};
@@ -546,10 +690,28 @@ struct Trainer::Impl {
       metrics.add(zero_row);
     }
     window_rows.push_back(rows);
-    ++step;
     ++epoch_step;
     window_samples += batch.global_samples;
     summary.samples += batch.global_samples;
+  }
+
+  // The end of the Trainer's own step: the sum over ranks, clipping (of unscaled gradients), the update.
+  void update() {
+    if (reducer) {
+      reducer->synchronize();
+    }
+    if (options.clip_grad_norm() > 0) {
+      if (scaler) {
+        scaler->unscale_(*optimizer);
+      }
+      clip_grad_norm(parameters, options.clip_grad_norm());
+    }
+    if (scaler) {
+      scaler->step(*optimizer);
+      scaler->update();
+    } else {
+      optimizer->step();
+    }
   }
 
   // Every rank's buffers (BatchNorm's running statistics) become rank 0's, as DistributedDataParallel's
@@ -558,14 +720,26 @@ struct Trainer::Impl {
     group->broadcast_coalesced(buffers, "the broadcast of rank 0's buffers at step " + std::to_string(step));
   }
 
-  /// Takes the loader's next batch and trains on it, under the sync check when asked; false at the epoch's end.
+  /// Takes one optimizer step on the loader's next batches (accumulate_grad_batches of them, fewer at the epoch's
+  /// end), under the sync check when asked; false at the epoch's end.
   bool take_next_step(MetricBuffer& metrics) {
-    const OptionalSyncCheck check(options.check_syncs());
-    auto batch = loader->next();
-    if (!batch) {
-      return false;
+    const int64_t first = epoch_step;
+    const int64_t length = std::min(accumulate, loader->batches_per_epoch() - first);
+    int64_t step_samples = 0;
+    for (int64_t b = first; b < first + length; ++b) {
+      step_samples += global_rows(b);
     }
-    take_step(*batch, metrics);
+    for (int64_t index = 0; index < std::max<int64_t>(length, 1); ++index) {
+      const OptionalSyncCheck check(options.check_syncs());
+      auto batch = loader->next();
+      if (!batch) {
+        TORCH_INTERNAL_ASSERT(index == 0, "the loader ended an epoch inside an accumulation window");
+        return false;
+      }
+      TORCH_INTERNAL_ASSERT(batch->global_samples == global_rows(first + index), "batch ", first + index, " holds ",
+                            batch->global_samples, " samples, expected ", global_rows(first + index));
+      take_batch(*batch, metrics, index, length, step_samples);
+    }
     return true;
   }
 
@@ -685,7 +859,82 @@ struct Trainer::Impl {
     }
   }
 
-  void end_epoch() {
+  // The monitored figure of `result`.
+  double monitored(const ValidationResult& result) const {
+    return monitor_column == 0 ? result.loss : result.metrics[static_cast<size_t>(monitor_column - 1)].second;
+  }
+
+  bool better(double value, double than) const {
+    return std::isnan(than) || (options.monitor_mode() == MonitorMode::kMin ? value < than : value > than);
+  }
+
+  // After an epoch's validation (and its count moved on): keeps its checkpoint among the best and counts it for
+  // early stopping; true when early stopping ends the run, after its checkpoint.
+  bool watch(const ValidationResult& result) {
+    const double value = monitored(result);
+    bool save = false;
+    std::string added;
+    if (std::isfinite(value) && options.save_top_k() > 0 &&
+        (static_cast<int64_t>(best.size()) < options.save_top_k() || better(value, best.back().value))) {
+      std::string file = fmt::format("best-epoch={}-step={}-{}={}.pt", result.epoch, step, options.monitor(),
+                                     format_fixed(value, 4));
+      auto at = std::find_if(best.begin(), best.end(), [&](const Kept& kept) { return better(value, kept.value); });
+      best.insert(at, Kept{value, file});
+      added = file;
+      save = true;
+    }
+    std::optional<Kept> dropped;
+    if (static_cast<int64_t>(best.size()) > options.save_top_k()) {
+      dropped = best.back();
+      best.pop_back();
+    }
+    if (options.early_stopping_patience() > 0) {
+      const double delta = options.early_stopping_min_delta();
+      const bool improved = std::isfinite(value) &&
+                            (std::isnan(early_best) || (options.monitor_mode() == MonitorMode::kMin
+                                                            ? value < early_best - delta
+                                                            : value > early_best + delta));
+      if (improved) {
+        early_best = value;
+        bad_validations = 0;
+      } else if (++bad_validations >= options.early_stopping_patience()) {
+        stopped_early = true;
+        save = true;
+      }
+    }
+    if (save) {
+      train_clock.stop();
+      save_checkpoint();
+      const bool kept = !added.empty() && (!dropped || dropped->file != added);
+      if (main() && kept) {
+        folder->keep_as(summary.checkpoint, added);
+        info(fmt::format("best checkpoint {} ({} {})", added, options.monitor(), format_fixed(value, 4)));
+      }
+      if (main() && dropped && dropped->file != added) {
+        std::error_code ignored;
+        std::filesystem::remove(std::filesystem::path(folder->path()) / dropped->file, ignored);
+      }
+      train_clock.start();
+    }
+    if (!best.empty()) {
+      summary.best_value = best.front().value;
+      summary.best_checkpoint = (run->path() / "checkpoints" / best.front().file).string();
+    } else if (options.early_stopping_patience() > 0) {
+      summary.best_value = early_best;
+    }
+    if (stopped_early) {
+      summary.stop_reason = StopReason::kEarlyStopping;
+      const double delta = options.early_stopping_min_delta();
+      run->log(LogLevel::kWarning,
+               fmt::format("early stopping after step {}: {} did not improve{} for {} validation(s) (best {}); "
+                           "checkpoint {}",
+                           step, options.monitor(), delta > 0 ? " by more than " + format_number(delta) : "",
+                           bad_validations, format_fixed(early_best, 4), summary.checkpoint));
+    }
+    return stopped_early;
+  }
+
+  ValidationResult end_epoch() {
     const ValidationResult result = validate();
     record_validation(result);
     std::vector<double> values;
@@ -708,6 +957,7 @@ struct Trainer::Impl {
     if (options.on_epoch_end()) {
       options.on_epoch_end()(epoch + 1, step);
     }
+    return result;
   }
 
   void save_checkpoint() {
@@ -733,13 +983,14 @@ struct Trainer::Impl {
       checkpoint.scheduler_state_dict = scheduler_state_dict(*scheduler.scheduler);
     }
     checkpoint.task_state = task->state_dict();
+    checkpoint.trainer_state = trainer_state();
     summary.checkpoint = folder->save(checkpoint);
     info("checkpoint " + summary.checkpoint);
   }
 
   /// Flushes, checks for a stop and saves as the policy says; true when the run ends here.
   bool end_step(const detail::CheckpointPolicy& policy, MetricBuffer& metrics) {
-    const detail::StepPlan plan = policy.after_step(step, metrics.full());
+    const detail::StepPlan plan = policy.after_step(step, metrics.size() + accumulate > metrics.capacity());
     int stop = plan.flush ? flush_metrics(metrics) : 0;
     if (plan.poll_stop) {
       stop = stop_requested();
@@ -748,8 +999,15 @@ struct Trainer::Impl {
       flush_metrics(metrics);
       train_clock.stop();
       save_checkpoint();
+      if (stop == kOutOfTime) {
+        summary.stop_reason = StopReason::kMaxTime;
+        run->log(LogLevel::kWarning, fmt::format("stopped after step {}: max_time of {} s spent; checkpoint {}", step,
+                                                 format_number(options.max_time()), summary.checkpoint));
+        return true;
+      }
       if (stop != 0) {
         summary.stopped_by_signal = stop;
+        summary.stop_reason = StopReason::kSignal;
         run->log(LogLevel::kWarning,
                  fmt::format("stopped by signal {} after step {}; checkpoint {}", stop, step, summary.checkpoint));
         return true;
@@ -765,11 +1023,15 @@ struct Trainer::Impl {
     const detail::CheckpointPolicy policy(options.checkpoint_every(), total_steps, /*collective=*/group != nullptr);
     std::vector<std::string> columns{"loss"};
     columns.insert(columns.end(), metric_names.begin(), metric_names.end());
-    MetricBuffer metrics(columns, device, options.log_every());
+    MetricBuffer metrics(columns, device, options.log_every() * accumulate);
     const int64_t syncs_before = host_sync_count();
     task->on_train_start(context);
     bool validated = false;
-    bool finished = step >= total_steps;
+    bool finished = step >= total_steps || stopped_early;
+    if (stopped_early) {
+      summary.stop_reason = StopReason::kEarlyStopping;
+      info(fmt::format("early stopping ended this run at step {}; nothing is left to train", step));
+    }
     module().train();
     train_clock.start();
     window_start = train_clock.seconds();
@@ -789,10 +1051,14 @@ struct Trainer::Impl {
         break;
       }
       if (epoch_step >= loader->batches_per_epoch()) {
-        end_epoch();
+        const ValidationResult result = end_epoch();
         validated = true;
         ++epoch;
         epoch_step = 0;
+        if (monitoring() && watch(result)) {
+          finished = true;
+          break;
+        }
       }
       train_clock.start();
     }
@@ -879,6 +1145,12 @@ std::string summary_to_json(const TrainSummary& s) {
   json["peak_memory_bytes"] = s.peak_memory_bytes;
   json["host_syncs"] = s.host_syncs;
   json["stopped_by_signal"] = s.stopped_by_signal;
+  json["stop_reason"] = std::string(name_of(kStopReasonNames, s.stop_reason));
+  if (!s.monitor.empty()) {
+    json["monitor"] = s.monitor;
+    json["best_value"] = s.best_value;
+    json["best_checkpoint"] = s.best_checkpoint;
+  }
   json["checkpoint"] = s.checkpoint;
   return json.dump(/*indent=*/-1, /*indent_char=*/' ', /*ensure_ascii=*/false,
                    nlohmann::ordered_json::error_handler_t::replace) +

@@ -3,6 +3,7 @@
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
 #include <dkit/distributed/process_group.h>
+#include <dkit/core/enum_names.h>
 #include <dkit/train/amp.h>
 #include <dkit/train/config.h>
 #include <dkit/train/task.h>
@@ -23,6 +24,40 @@
 namespace dkit {
 
 struct TrainingCheckpoint;
+
+/// Which way a monitored validation figure improves.
+enum class MonitorMode {
+  /// Lower is better (a loss).
+  kMin,
+  /// Higher is better (an accuracy).
+  kMax,
+};
+
+/// The name of each MonitorMode.
+inline constexpr EnumNames<MonitorMode, 2> kMonitorModeNames = {{
+    {MonitorMode::kMin, "min"},
+    {MonitorMode::kMax, "max"},
+}};
+
+/// Why a run ended before its last step.
+enum class StopReason {
+  /// It did not: it ran to its last step.
+  kNone,
+  /// A StopRequest (a signal) asked.
+  kSignal,
+  /// TrainerOptions::max_time ran out.
+  kMaxTime,
+  /// The monitored validation figure stopped improving (TrainerOptions::early_stopping_patience).
+  kEarlyStopping,
+};
+
+/// The name of each StopReason, as `summary.json` writes it.
+inline constexpr EnumNames<StopReason, 4> kStopReasonNames = {{
+    {StopReason::kNone, "none"},
+    {StopReason::kSignal, "signal"},
+    {StopReason::kMaxTime, "max_time"},
+    {StopReason::kEarlyStopping, "early_stopping"},
+}};
 
 /// A request to stop a run at the end of its current step, with a checkpoint: made from a signal handler, another
 /// thread or a test. Async-signal-safe.
@@ -163,6 +198,30 @@ struct TrainerOptions {
   TORCH_ARG(bool, shuffle) = true;
   /// Skips the last batch of an epoch when it is short.
   TORCH_ARG(bool, drop_last) = false;
+  /// Clips the gradients' global L2 norm to this before each optimizer step, as `torch.nn.utils.clip_grad_norm_`:
+  /// after the GradScaler unscales them and after the sum over processes, so every rank clips the same gradients.
+  /// 0: no clipping.
+  TORCH_ARG(double, clip_grad_norm) = 0.0;
+  /// Batches whose gradients are summed into one optimizer step: the effective batch is this times `batch_size`
+  /// times the processes, and the sum over processes runs once per step, as DDP's `no_sync`. Steps, schedules and
+  /// checkpoints count optimizer steps.
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  /// Seconds this run may train; when they are spent it stops at the end of a step with a checkpoint, so that a job
+  /// in a time-limited allocation continues in the next one (auto_resume). 0: no limit.
+  TORCH_ARG(double, max_time) = 0.0;
+  /// The validation figure that save_top_k and early stopping watch: `val_loss`, or `val_` and one of the task's
+  /// metric names (`val_accuracy`).
+  TORCH_ARG(std::string, monitor) = "val_loss";
+  /// Whether `monitor` improves downwards or upwards.
+  TORCH_ARG(MonitorMode, monitor_mode) = MonitorMode::kMin;
+  /// Keeps the checkpoints of the k best validations by `monitor` beside `last.pt`, as Lightning's
+  /// `ModelCheckpoint(save_top_k=k)`: `checkpoints/best-epoch=E-step=S-val_loss=V.pt`. 0: none.
+  TORCH_ARG(int64_t, save_top_k) = 0;
+  /// Stops the run, with a checkpoint, after this many validations in a row without an improvement of `monitor`
+  /// by more than early_stopping_min_delta, as Lightning's `EarlyStopping(patience=...)`. 0: never.
+  TORCH_ARG(int64_t, early_stopping_patience) = 0;
+  /// The least change of `monitor` that counts as an improvement for early stopping.
+  TORCH_ARG(double, early_stopping_min_delta) = 0.0;
   /// Converts each batch's features to this dtype on the device (e.g. float32 for uint8 images; see LoaderOptions).
   TORCH_ARG(std::optional<c10::ScalarType>, features_dtype) = std::nullopt;
   /// Divides each batch's features by this on the device, after the conversion (255 for 8-bit pixels).
@@ -235,6 +294,15 @@ struct TrainSummary {
   int64_t host_syncs = 0;
   /// The reason given to the StopRequest that stopped the run early (a signal's number), or 0.
   int stopped_by_signal = 0;
+  /// Why the run ended before its last step, if it did.
+  StopReason stop_reason = StopReason::kNone;
+  /// The validation figure the best checkpoints and early stopping watch (TrainerOptions::monitor); empty when
+  /// neither is on.
+  std::string monitor;
+  /// Its best value so far; NaN before the first validation.
+  double best_value = 0;
+  /// The checkpoint of that best value (save_top_k); empty without one.
+  std::string best_checkpoint;
   /// The last checkpoint written.
   std::string checkpoint;
 

@@ -276,6 +276,26 @@ TEST_F(DistributedTrainTest, TwoRanksOfACnnTrainAsOneProcessWithTheWholeBatch) {
   EXPECT_LE(max_difference(one.model_state_dict, two.model_state_dict), 1e-6);
 }
 
+// Accumulation and clipping over c10d: two ranks of batch 8, each summing two batches into a step whose gradients are
+// summed over the ranks once and then clipped, take the steps one process of batch 32 takes with the same clip.
+TEST_F(DistributedTrainTest, TwoRanksAccumulatingAndClippingTrainAsOneProcessWithTheWholeBatch) {
+  const std::vector<std::string> common{"--epochs", "1", "--max-steps", "10", "--batch-norm", "0", "--dropout", "0",
+                                        "--log-every", "5", "--checkpoint-every", "0", "--clip", "0.5"};
+  const auto cnn = [&](const std::string& out, const std::string& batch, const std::string& accumulate) {
+    std::vector<std::string> args{DKIT_CNN_RUN_PATH, "--out", out, "--batch-size", batch, "--accumulate", accumulate};
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  Process single(cnn(tmp_.file("single"), "32", "1"), tmp_.file("single"));
+  ASSERT_EQ(single.wait(), 0) << single.err();
+  run_ranks(2, [&](int) { return cnn(tmp_.file("two"), "8", "2"); }, "two");
+  const TrainingCheckpoint one = load_training_checkpoint(tmp_.file("single/checkpoints/last.pt"));
+  const TrainingCheckpoint two = load_training_checkpoint(tmp_.file("two/checkpoints/last.pt"));
+  EXPECT_EQ(two.step, 10);
+  EXPECT_EQ(two.epoch_step, 20) << "two global batches of 16 a step";
+  EXPECT_LE(max_difference(one.model_state_dict, two.model_state_dict), 1e-6);
+}
+
 // With BatchNorm each rank's running statistics move with its own half of the batch; rank 0's are broadcast after
 // every step, as DistributedDataParallel's broadcast_buffers does, so every step starts from rank 0's on each rank.
 TEST_F(DistributedTrainTest, EveryRanksBatchNormBuffersAreRankZerosAfterEveryStep) {

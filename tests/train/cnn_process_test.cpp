@@ -3,6 +3,8 @@
 #include "../process.h"
 #include "../support.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <random>
 #include <sstream>
 
@@ -99,6 +101,54 @@ TEST_F(CnnProcessTest, KilledAtStepsDrawnFromTheSeedAndContinuedEndsBitwiseEqual
     }
     EXPECT_EQ(logged_steps(run), every);
   }
+}
+
+// The conveniences together, killed between the batches of an accumulation window and during the warm-up: three
+// batches to a step (the last window of each epoch two), the gradients clipped, a warm-up of 20 steps then a cosine
+// stepped each step, the two best checkpoints by val_loss kept. The continued run ends bitwise as the one never
+// killed, with the same best files, and metrics.csv holds each optimizer step once.
+TEST_F(CnnProcessTest, AccumulatingClippingAndWarmingUpKilledAndContinuedEndsBitwiseEqual) {
+  const std::vector<std::string> extra{"--accumulate", "3", "--clip", "0.5", "--warmup", "20", "--save-top-k", "2",
+                                       "--checkpoint-every", "5"};
+  Process whole(argv("reference", extra), tmp_.file("reference"));
+  ASSERT_EQ(whole.wait(), 0) << whole.err();
+  std::mt19937 generator(29);
+  std::uniform_int_distribution<int64_t> steps(1, 60);
+  for (const int64_t target : {int64_t{3}, steps(generator), steps(generator)}) {
+    Process victim(argv("run", extra), tmp_.file("run"), {}, test::ErrTo::kPipe);
+    ASSERT_TRUE(test::read_until_step(victim, target)) << "the run ended before step " << target << ":\n"
+                                                        << victim.err();
+    victim.signal(SIGKILL);
+    ASSERT_EQ(victim.wait(), 128 + SIGKILL) << "the run ended before the kill";
+  }
+  Process rest(argv("run", extra), tmp_.file("run-rest"));
+  ASSERT_EQ(rest.wait(), 0) << rest.err();
+  const TrainingCheckpoint a = last("reference");
+  const TrainingCheckpoint b = last("run");
+  ASSERT_EQ(b.step, 4 * 17) << "50 batches an epoch make 17 steps of 3 batches or fewer";
+  for (const auto& item : a.model_state_dict) {
+    EXPECT_TRUE(torch::equal(item.value(), b.model_state_dict[item.key()])) << item.key();
+  }
+  EXPECT_TRUE(same_tensors(a.optimizer_state_dict, b.optimizer_state_dict));
+  EXPECT_EQ(b.task_state.find("steps")->to_int(), 200);
+  EXPECT_EQ(b.scheduler_state_dict.find("step_count")->to_int(), 68);
+  const auto best_files = [&](const std::string& out) {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(tmp_.file(out + "/checkpoints"))) {
+      if (entry.path().filename().string().rfind("best-", 0) == 0) {
+        names.push_back(entry.path().filename().string());
+      }
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(best_files("run").size(), 2u);
+  EXPECT_EQ(best_files("run"), best_files("reference"));
+  std::vector<int64_t> every(68);
+  for (int64_t i = 0; i < 68; ++i) {
+    every[static_cast<size_t>(i)] = i + 1;
+  }
+  EXPECT_EQ(logged_steps("run"), every);
 }
 
 } // namespace

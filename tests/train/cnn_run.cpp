@@ -3,6 +3,11 @@
 //
 //   dkit_cnn_run --out DIR [--epochs N] [--max-steps N] [--batch-size N] [--log-every N] [--checkpoint-every N]
 //                [--precision fp32|bf16|fp16] [--batch-norm 0|1] [--dropout P] [--scheduler 0|1] [--buffers 0|1]
+//                [--accumulate N] [--clip X] [--warmup N] [--max-time S] [--save-top-k K] [--patience N]
+//
+// --scheduler 1 steps a StepLR each epoch; --warmup N (N > 0) instead steps a warm-up of N steps and a cosine each
+// optimizer step. --accumulate, --clip, --max-time, --save-top-k and --patience set the TrainerOptions of those names
+// (save_top_k and patience watch val_loss).
 //
 // Every log line goes to stderr. A run started again with the same --out continues from its newest checkpoint.
 // With --buffers 1 each training step first prints `rank R step S buffers SUM`, the sum of the module's buffers as
@@ -45,7 +50,8 @@ TORCH_MODULE(Cnn);
 
 class CnnTask : public dkit::Task {
  public:
-  CnnTask(Cnn net, bool scheduler, bool buffers) : net_(std::move(net)), scheduler_(scheduler), buffers_(buffers) {}
+  CnnTask(Cnn net, bool scheduler, int64_t warmup, bool buffers)
+      : net_(std::move(net)), scheduler_(scheduler), warmup_(warmup), buffers_(buffers) {}
 
   torch::nn::Module& module() override {
     return *net_;
@@ -71,7 +77,11 @@ class CnnTask : public dkit::Task {
   std::unique_ptr<torch::optim::Optimizer> configure_optimizer() override {
     return std::make_unique<torch::optim::SGD>(net_->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   }
-  dkit::Scheduler configure_scheduler(torch::optim::Optimizer& optimizer) override {
+  dkit::Scheduler configure_scheduler(torch::optim::Optimizer& optimizer, const dkit::TrainingPlan& plan) override {
+    if (warmup_ > 0) {
+      return {dkit::warmup_scheduler(dkit::WarmupScheduleOptions().warmup_steps(warmup_))(optimizer, plan),
+              dkit::SchedulerInterval::kStep};
+    }
     if (!scheduler_) {
       return {};
     }
@@ -88,6 +98,7 @@ class CnnTask : public dkit::Task {
  private:
   Cnn net_;
   bool scheduler_;
+  int64_t warmup_;
   bool buffers_;
   int64_t steps_ = 0;
 };
@@ -97,7 +108,8 @@ class CnnTask : public dkit::Task {
 int main(int argc, char** argv) try {
   std::map<std::string, std::string> args = {
       {"out", ""},      {"epochs", "4"},     {"max-steps", "0"}, {"batch-size", "32"}, {"log-every", "1"},  {"checkpoint-every", "25"},
-      {"precision", "fp32"}, {"batch-norm", "1"}, {"dropout", "0.2"}, {"scheduler", "0"}, {"buffers", "0"}};
+      {"precision", "fp32"}, {"batch-norm", "1"}, {"dropout", "0.2"}, {"scheduler", "0"}, {"buffers", "0"},
+      {"accumulate", "1"}, {"clip", "0"}, {"warmup", "0"}, {"max-time", "0"}, {"save-top-k", "0"}, {"patience", "0"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string name = std::string(argv[i]).substr(2);
     DKIT_CHECK(args.count(name) == 1, "dkit_cnn_run: unknown option ", argv[i]);
@@ -105,7 +117,7 @@ int main(int argc, char** argv) try {
   }
   torch::manual_seed(7);
   CnnTask task(Cnn(args["batch-norm"] == "1", std::stod(args["dropout"])), args["scheduler"] == "1",
-               args["buffers"] == "1");
+               std::stoll(args["warmup"]), args["buffers"] == "1");
   dkit::TrainerOptions options(args["out"]);
   options.device("cpu")
       .threads(1)
@@ -117,6 +129,11 @@ int main(int argc, char** argv) try {
       .log_every(std::stoll(args["log-every"]))
       .checkpoint_every(std::stoll(args["checkpoint-every"]))
       .precision(dkit::parse_name(dkit::kPrecisionNames, args["precision"], "precision"))
+      .accumulate_grad_batches(std::stoll(args["accumulate"]))
+      .clip_grad_norm(std::stod(args["clip"]))
+      .max_time(std::stod(args["max-time"]))
+      .save_top_k(std::stoll(args["save-top-k"]))
+      .early_stopping_patience(std::stoll(args["patience"]))
       .features_dtype(torch::kFloat)
       .features_divisor(255)
       .auto_resume(true)

@@ -84,15 +84,19 @@ TEST_F(ConfigTest, SetPathIsRelativeToTheCurrentFolder) {
 TEST_F(ConfigTest, UnknownKeysAreErrorsThatNameTheKey) {
   EXPECT_EQ(error_message([] { parse_config("train:\n  epochs: 3\n  lrr: 0.1\n", "test.yaml", "/base"); }),
             "unknown config key 'train.lrr' (test.yaml line 3); known keys in 'train': epochs, max_steps, batch_size, "
-            "lr, optimizer, precision, momentum, nesterov, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
-            "tensorboard");
+            "lr, optimizer, precision, momentum, nesterov, weight_decay, lr_schedule, warmup_steps, lr_min_factor, "
+            "lr_step_size, lr_gamma, accumulate_grad_batches, clip_grad_norm, max_time, monitor, monitor_mode, "
+            "save_top_k, early_stopping_patience, early_stopping_min_delta, log_every, checkpoint_every, "
+            "keep_checkpoints, tensorboard");
   EXPECT_EQ(error_message([] { parse_config("devcie: cpu\n", "test.yaml", "/base"); }),
             "unknown config key 'devcie' (test.yaml line 1); known keys: device, seed, threads, data, model, train, "
             "loader, dist");
   EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"train.lrr=1"}); }),
             "unknown config key 'train.lrr' (--set train.lrr=1); known keys in 'train': epochs, max_steps, batch_size, "
-            "lr, optimizer, precision, momentum, nesterov, weight_decay, log_every, checkpoint_every, keep_checkpoints, "
-            "tensorboard");
+            "lr, optimizer, precision, momentum, nesterov, weight_decay, lr_schedule, warmup_steps, lr_min_factor, "
+            "lr_step_size, lr_gamma, accumulate_grad_batches, clip_grad_norm, max_time, monitor, monitor_mode, "
+            "save_top_k, early_stopping_patience, early_stopping_min_delta, log_every, checkpoint_every, "
+            "keep_checkpoints, tensorboard");
   EXPECT_EQ(error_message([] { parse_config("", "test.yaml", "/base", {"a.b.c=1"}); }),
             "unknown config key 'a.b.c' (--set a.b.c=1); known keys: device, seed, threads, data, model, train, "
             "loader, dist");
@@ -204,7 +208,11 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
       "data.header=true", "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
       "model.hidden=[7, 5]", "model.activation=tanh", "model.dropout=0.5", "train.epochs=2", "train.max_steps=9",
       "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.precision=bf16", "train.momentum=0.5",
-      "train.nesterov=true", "train.weight_decay=0.01", "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
+      "train.nesterov=true", "train.weight_decay=0.01", "train.lr_schedule=cosine", "train.warmup_steps=3",
+      "train.lr_min_factor=0.25", "train.lr_step_size=7", "train.lr_gamma=0.5", "train.accumulate_grad_batches=2",
+      "train.clip_grad_norm=1.5", "train.max_time=60", "train.monitor=val_accuracy", "train.monitor_mode=max",
+      "train.save_top_k=2", "train.early_stopping_patience=3", "train.early_stopping_min_delta=0.01",
+      "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
       "train.tensorboard=true",
       "loader.placement=pageable", "loader.prefetch=3", "loader.shuffle=false", "loader.drop_last=true",
       "dist.backend=gloo", "dist.timeout=9", "dist.data_parallel=true"};
@@ -277,7 +285,7 @@ TEST_F(ConfigTest, EveryEnumKeyListsItsNamesAndRejectsOthers) {
               "config key '" + key.name + "' (--set " + key.name + "=bogus) must be one of " + listing +
                   ", got 'bogus'");
   }
-  EXPECT_EQ(enum_keys, 7);
+  EXPECT_EQ(enum_keys, 9);
 }
 
 TEST_F(ConfigTest, AValueOfTheWrongTypeInTrainConfigIsAnError) {
@@ -304,7 +312,7 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
     EXPECT_FALSE(key.meaning.empty()) << key.name;
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
   }
-  EXPECT_EQ(names.size(), 35u);
+  EXPECT_EQ(names.size(), 48u);
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {

@@ -9,6 +9,11 @@
 #include "../checkpoint/python.h"
 #include "../support.h"
 
+#include <dkit/checkpoint/torch_file.h>
+#include <dkit/core/format.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -107,7 +112,7 @@ class CnnTask : public Task {
   std::unique_ptr<torch::optim::Optimizer> configure_optimizer() override {
     return std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   }
-  Scheduler configure_scheduler(torch::optim::Optimizer& optimizer) override {
+  Scheduler configure_scheduler(torch::optim::Optimizer& optimizer, const TrainingPlan& /*plan*/) override {
     return {std::make_unique<torch::optim::StepLR>(optimizer, /*step_size=*/1, /*gamma=*/0.7),
             SchedulerInterval::kEpoch};
   }
@@ -370,5 +375,192 @@ TEST_F(FitTest, ANanLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
   EXPECT_EQ(last("run").step, 20);
 }
 
+
+// tests/fixtures/conveniences_oracle.pt (tests/fixtures/make_conveniences_fixture.py, PyTorch 1.13): Python's
+// torch.nn.utils.clip_grad_norm_ on fixed gradients. dkit's clip takes the same operations, so the same rounding.
+TEST_F(FitTest, ClipGradNormMatchesPythons) {
+  const PickleValue root = read_torch_file(test::fixture("conveniences_oracle.pt")).root;
+  const auto& cases = root.find("clip")->items();
+  ASSERT_EQ(cases.size(), 3u);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE("case " + std::to_string(c));
+    std::vector<at::Tensor> params;
+    for (const auto& grad : cases[c].find("grads")->items()) {
+      params.push_back(torch::zeros_like(grad.to_tensor()).requires_grad_());
+      params.back().mutable_grad() = grad.to_tensor().clone();
+    }
+    const at::Tensor total = clip_grad_norm(params, cases[c].find("max_norm")->to_double());
+    EXPECT_TRUE(torch::equal(total, cases[c].find("total_norm")->to_tensor()))
+        << total << " " << cases[c].find("total_norm")->to_tensor();
+    const auto& clipped = cases[c].find("clipped")->items();
+    for (size_t p = 0; p < params.size(); ++p) {
+      EXPECT_TRUE(torch::allclose(params[p].grad(), clipped[p].to_tensor(), /*rtol=*/1e-6, /*atol=*/0))
+          << "parameter " << p;
+    }
+  }
+}
+
+// The same fixture's warm-up + cosine schedules: PyTorch's LambdaLR over SGD with the lambda WarmupLR computes. The
+// learning rate at every optimizer step is the same double.
+TEST_F(FitTest, WarmupLrMatchesLambdaLrAtEveryStep) {
+  const PickleValue root = read_torch_file(test::fixture("conveniences_oracle.pt")).root;
+  for (const auto& oracle : root.find("schedule")->items()) {
+    const int64_t total = oracle.find("total_steps")->to_int();
+    SCOPED_TRACE("total_steps " + std::to_string(total));
+    at::Tensor param = torch::zeros({1}, torch::requires_grad());
+    torch::optim::SGD sgd({param}, torch::optim::SGDOptions(oracle.find("lr")->to_double()));
+    WarmupLR schedule(sgd, WarmupScheduleOptions(total)
+                               .warmup_steps(oracle.find("warmup_steps")->to_int())
+                               .min_factor(oracle.find("min_factor")->to_double()));
+    const auto& lrs = oracle.find("lrs")->items();
+    for (size_t step = 0; step < lrs.size(); ++step) {
+      EXPECT_EQ(sgd.param_groups()[0].options().get_lr(), lrs[step].to_double()) << "step " << step;
+      schedule.step();
+    }
+  }
+}
+
+// A task over a network without BatchNorm or dropout, trained with plain SGD, for the tests that compare runs
+// whose batches differ.
+class LinearTask : public ModuleTask {
+ public:
+  explicit LinearTask(double lr = 0.1)
+      : ModuleTask(make_net(), ModuleTaskOptions().optimizer(
+                                   make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(lr).momentum(0.9)))) {}
+
+ private:
+  static torch::nn::Sequential make_net() {
+    torch::manual_seed(11);
+    return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(64, 16), torch::nn::Tanh(),
+                                 torch::nn::Linear(16, 3));
+  }
+};
+
+// Four batches of 8 summed into each step train as one batch of 32: the same samples in the same order, the mean
+// over the 32; the last window of an epoch (240 samples: 30 batches of 8) holds two batches, as the last batch of 32
+// holds 16 samples.
+TEST_F(FitTest, AccumulatingFourBatchesOfEightTrainsAsBatchesOf32) {
+  LinearTask whole;
+  const TrainSummary a = Trainer(options("whole").batch_size(32)).fit(whole, train_, val_);
+  LinearTask accumulated;
+  const TrainSummary b =
+      Trainer(options("accumulated").batch_size(8).accumulate_grad_batches(4)).fit(accumulated, train_, val_);
+  EXPECT_EQ(a.steps, 24);
+  EXPECT_EQ(b.steps, 24);
+  EXPECT_EQ(b.samples, a.samples);
+  const StateDict left = last("whole").model_state_dict;
+  const StateDict right = last("accumulated").model_state_dict;
+  for (const auto& item : left) {
+    EXPECT_LE((item.value() - right[item.key()]).abs().max().item<double>(), 1e-6) << item.key();
+  }
+  EXPECT_NE(test::read_file(tmp_.file("accumulated/train.log")).find("each optimizer step: the gradients of 4 batches summed"),
+            std::string::npos);
+}
+
+// Clipping to a tiny norm makes every update tiny: the parameters move, but by at most lr x the norm a step.
+TEST_F(FitTest, ClippingBoundsEachUpdate) {
+  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(64, 3));
+  const at::Tensor before = net->parameters()[0].detach().clone();
+  ModuleTask task(net, ModuleTaskOptions().optimizer(make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(1.0))));
+  Trainer(options("run").epochs(1).max_steps(5).clip_grad_norm(1e-3)).fit(task, train_, val_);
+  const double moved = (net->parameters()[0].detach() - before).norm().item<double>();
+  EXPECT_GT(moved, 0.0);
+  EXPECT_LE(moved, 5 * 1e-3 * (1 + 1e-5));
+}
+
+// With a learning rate of 0 the validation loss never improves after the first epoch: patience 2 stops the run after
+// the third, with a checkpoint, says why, and a run started again on the folder trains nothing more.
+TEST_F(FitTest, EarlyStoppingEndsTheRunAndARestartStaysStopped) {
+  const auto opts = [&] { return options("run").epochs(10).early_stopping_patience(2).auto_resume(true); };
+  LinearTask task(/*lr=*/0.0);
+  const TrainSummary summary = Trainer(opts()).fit(task, train_, val_);
+  EXPECT_EQ(summary.steps, 3 * 15);
+  EXPECT_EQ(summary.stop_reason, StopReason::kEarlyStopping);
+  EXPECT_EQ(last("run").step, 45);
+  const std::string log = test::read_file(tmp_.file("run/train.log"));
+  EXPECT_NE(log.find("early stopping after step 45: val_loss did not improve for 2 validation(s) (best "),
+            std::string::npos)
+      << log;
+  const std::string json = test::read_file(tmp_.file("run/summary.json"));
+  EXPECT_NE(json.find("\"stop_reason\":\"early_stopping\",\"monitor\":\"val_loss\""), std::string::npos) << json;
+  LinearTask again(/*lr=*/0.0);
+  const TrainSummary restarted = Trainer(opts()).fit(again, train_, val_);
+  EXPECT_EQ(restarted.steps, 45);
+  EXPECT_EQ(restarted.stop_reason, StopReason::kEarlyStopping);
+}
+
+// save_top_k keeps the checkpoints of the two best validation accuracies, named by epoch, step and value.
+TEST_F(FitTest, SaveTopKKeepsTheBestCheckpointsByTheMonitor) {
+  std::vector<std::pair<double, int64_t>> validations;
+  CnnTask task;
+  const TrainSummary summary =
+      Trainer(options("run")
+                  .epochs(4)
+                  .save_top_k(2)
+                  .monitor("val_accuracy")
+                  .monitor_mode(MonitorMode::kMax)
+                  .on_validation_end([&](const ValidationResult& r) {
+                    validations.emplace_back(r.metrics[0].second, r.step);
+                  }))
+          .fit(task, train_, val_);
+  ASSERT_EQ(validations.size(), 4u);
+  std::vector<std::string> expected;
+  for (size_t e = 0; e < validations.size(); ++e) {
+    expected.push_back("best-epoch=" + std::to_string(e + 1) + "-step=" + std::to_string(validations[e].second) +
+                       "-val_accuracy=" + format_fixed(validations[e].first, 4) + ".pt");
+  }
+  std::vector<size_t> order{0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return validations[a].first > validations[b].first; });
+  std::vector<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp_.file("run/checkpoints"))) {
+    if (entry.path().filename().string().rfind("best-", 0) == 0) {
+      kept.push_back(entry.path().filename().string());
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  std::vector<std::string> best{expected[order[0]], expected[order[1]]};
+  std::sort(best.begin(), best.end());
+  EXPECT_EQ(kept, best);
+  EXPECT_EQ(summary.best_value, validations[order[0]].first);
+  EXPECT_EQ(summary.best_checkpoint, tmp_.file("run/checkpoints/" + expected[order[0]]));
+  EXPECT_EQ(load_training_checkpoint(summary.best_checkpoint).step, validations[order[0]].second);
+}
+
+// A max_time already spent stops the run after its first step with a checkpoint; the next run continues it and ends
+// bitwise as a run never stopped.
+TEST_F(FitTest, MaxTimeStopsAfterAStepAndTheNextRunContinuesBitwise) {
+  CnnTask whole;
+  Trainer(options("whole")).fit(whole, train_, val_);
+  CnnTask first;
+  const TrainSummary stopped = Trainer(options("run").max_time(1e-9)).fit(first, train_, val_);
+  EXPECT_EQ(stopped.steps, 1);
+  EXPECT_EQ(stopped.stop_reason, StopReason::kMaxTime);
+  EXPECT_NE(test::read_file(tmp_.file("run/train.log")).find("stopped after step 1: max_time of 1e-09 s spent"),
+            std::string::npos);
+  CnnTask rest;
+  const TrainSummary finished = Trainer(options("run").auto_resume(true)).fit(rest, train_, val_);
+  EXPECT_EQ(finished.steps, 45);
+  EXPECT_EQ(finished.stop_reason, StopReason::kNone);
+  EXPECT_TRUE(same_state(last("whole").model_state_dict, last("run").model_state_dict));
+  EXPECT_TRUE(same_tree(last("whole").optimizer_state_dict, last("run").optimizer_state_dict));
+}
+
+TEST_F(FitTest, BadConvenienceOptionsAreOneLineErrors) {
+  const auto fail = [&](TrainerOptions opts) {
+    CnnTask task;
+    return error_message([&] { Trainer(std::move(opts)).fit(task, train_, val_); });
+  };
+  EXPECT_EQ(fail(options("a").save_top_k(1).monitor("val_acc")),
+            "TrainerOptions::monitor (train.monitor) is 'val_acc', which is none of this task's validation figures: "
+            "val_loss, val_accuracy");
+  EXPECT_EQ(fail(options("b").accumulate_grad_batches(0)),
+            "TrainerOptions::accumulate_grad_batches must be at least 1, got 0");
+  EXPECT_EQ(fail(options("c").clip_grad_norm(-1)),
+            "TrainerOptions::clip_grad_norm must be at least 0 (0: no clipping), got -1");
+  CnnTask task;
+  EXPECT_EQ(error_message([&] { Trainer(options("d").early_stopping_patience(1)).fit(task, train_); }),
+            "save_top_k and early stopping watch val_loss, but the run has no validation data");
+}
 } // namespace
 } // namespace dkit

@@ -349,7 +349,7 @@ TEST_F(TrainerTest, SummaryJsonWritesShortestRoundTripNumbersAndNullForNonFinite
   EXPECT_EQ(summary_to_json(summary),
             R"({"device":"cpu","steps":30,"samples":0,"train_seconds":0.1,"samples_per_second":0.3333333333333333,)"
             R"("final_loss":null,"val_loss":null,"val_accuracy":null,"peak_memory_bytes":0,"host_syncs":0,"stopped_by_signal":0,)"
-            R"("checkpoint":"run/checkpoints/last.pt"})"
+            R"("stop_reason":"none","checkpoint":"run/checkpoints/last.pt"})"
             "\n");
 }
 
