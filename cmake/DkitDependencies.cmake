@@ -51,6 +51,9 @@ function(dkit_install_dependencies out_var)
   # another folder, the markers `::@(0x...)` and `::@`. Reduce it to plain names.
   string(REGEX REPLACE "::@(\\([^)]*\\))?" "" _interface "${_interface}")
   string(REGEX REPLACE "\\$<LINK_ONLY:([^>]*)>" "\\1" _interface "${_interface}")
+  # What only the build tree links ($<BUILD_INTERFACE:...>) is not the install's; what only the install links is.
+  string(REGEX REPLACE "\\$<BUILD_INTERFACE:[^>]*>" "" _interface "${_interface}")
+  string(REGEX REPLACE "\\$<INSTALL_INTERFACE:([^>]*)>" "\\1" _interface "${_interface}")
   set(_linked "")
   foreach(_item IN LISTS _interface)
     if(_item MATCHES "^[A-Za-z0-9_.+-]+(::[A-Za-z0-9_.+-]+)?$")

@@ -179,8 +179,20 @@ if(DKIT_OPENMP)
     message(STATUS "dkit: OpenMP ON, runtime ${DKIT_OPENMP_RUNTIME}")
   endif()
 endif()
+# How dkit links that runtime (DKIT_OPENMP_LINK, for target_link_libraries(dkit PRIVATE ...)): by its path in this
+# build tree; in the install, by what the user's machine has, never by a path of this one: the system's libgomp
+# through find_dependency(OpenMP) and OpenMP::OpenMP_CXX, a wheel's bundled one beside the user's torch_cpu.
+set(DKIT_OPENMP_LINK "")
 if(DKIT_OPENMP_RUNTIME)
   set(DKIT_WITH_OPENMP ON)
+  get_filename_component(_dkit_gomp_name "${DKIT_OPENMP_RUNTIME}" NAME)
+  if(_dkit_gomp_name MATCHES "^libgomp-")
+    set(DKIT_OPENMP_LINK "$<BUILD_INTERFACE:${DKIT_OPENMP_RUNTIME}>"
+                         "$<INSTALL_INTERFACE:$<TARGET_FILE_DIR:torch_cpu>/${_dkit_gomp_name}>")
+  else()
+    dkit_find_package(OpenMP COMPONENTS CXX)
+    set(DKIT_OPENMP_LINK "$<BUILD_INTERFACE:${DKIT_OPENMP_RUNTIME}>" "$<INSTALL_INTERFACE:OpenMP::OpenMP_CXX>")
+  endif()
 else()
   set(DKIT_WITH_OPENMP OFF)
 endif()

@@ -10,8 +10,10 @@
 #                                                   # it while it builds; unpacking takes CPU too), so that a later
 #                                                   # run of the same targets goes straight to building
 #
-#   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit and runs the whole suite,
-#           with trixie's PyTorch 2.6 for the Python interop tests.
+#   stable  Debian 13 (trixie): its CPU LibTorch 2.6 (libtorch-dev); builds dkit as a shared library
+#           (BUILD_SHARED_LIBS=ON, where the other builds make the static default) and runs the whole suite, the
+#           outside projects built against the installed libdkit.so, with trixie's PyTorch 2.6 for the Python
+#           interop tests.
 #   newest  Debian unstable (sid): the newest LibTorch Debian has (C++20 from 2.13 on); builds and runs the whole
 #           suite with sid's PyTorch. Sid moves: when its packages cannot be installed at the moment, the target
 #           says "unavailable", not "failed", and does not fail the run.
@@ -157,6 +159,7 @@ for target in "${targets[@]}"; do
   say "$target: LibTorch $version ($torch_package), g++ $(in_root "$root" g++ -dumpfullversion)"
   mode=full
   [ "$target" = cuda ] && mode=cuda
+  [ "$target" = stable ] && mode=shared
   rm -rf "$root/build" "$root/build.build.log"
   if in_root "$root" bash /src/scripts/libtorch_build.sh "$mode" /src /build "$jobs" 2>&1 | tee -a "$log" |
       grep -E --line-buffered '^(libtorch_build|test_shards|-- dkit:|[0-9]+% tests passed|The following tests|CMake Error|\[  FAILED  \])|^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)\)|error:'; [ "${PIPESTATUS[0]}" -eq 0 ]; then

@@ -5,6 +5,8 @@
 #   scripts/libtorch_build.sh full SOURCE BUILD JOBS   # configure, build everything, run the whole suite (through
 #                                                      # scripts/test_shards.sh: the GoogleTest program in
 #                                                      # shards beside ctest for the other tests, JOBS at once)
+#   scripts/libtorch_build.sh shared SOURCE BUILD JOBS # the same with -DBUILD_SHARED_LIBS=ON: libdkit.so, which the
+#                                                      # packaging tests install and build the examples against
 #   scripts/libtorch_build.sh cuda SOURCE BUILD JOBS   # CUDA LibTorch: configure (CUDA, NCCL and DataParallel must
 #                                                      # be on), build everything, list the CUDA-gated sources
 set -euo pipefail
@@ -34,8 +36,10 @@ build_all() {
 }
 
 case $mode in
-  full)
-    cmake -S . -B "$build" "${launcher[@]}" | grep -E '^-- dkit:'
+  full | shared)
+    kind=()
+    [ "$mode" = shared ] && kind=(-DBUILD_SHARED_LIBS=ON)
+    cmake -S . -B "$build" "${launcher[@]}" "${kind[@]}" | grep -E '^-- dkit:'
     say "building"
     build_all
     say "testing"

@@ -1,7 +1,7 @@
 # Installs a build tree into a fresh PREFIX and checks the layout: every public header of lib/ (and the generated
 # config.h) under include/dkit in lib/'s folder layout and nothing else there (no internal header: those under a
 # detail/ folder, and core/compat.h), every dkit header an installed header includes installed too, the library, the package files
-# (which must not mention build-only targets), the program and the PyTorch script of its `train` benchmark.
+# (which must not mention build-only targets, nor link a file by its absolute path), the program and the PyTorch script of its `train` benchmark.
 #
 #   cmake -DBUILD_DIR=... -DPREFIX=... -DCONFIG=... -DSOURCE_DIR=... -DLIBDIR=lib -DINCLUDEDIR=include
 #         -DCMAKEDIR=lib/cmake/dkit [-DPROGRAM=bin/dkit] [-DBENCH_SCRIPT=share/dkit/mlp_train.py]
@@ -56,9 +56,30 @@ foreach(file dkitConfig.cmake dkitConfigVersion.cmake dkitTargets.cmake)
     list(APPEND problems "missing ${CMAKEDIR}/${file}")
   endif()
 endforeach()
+# A shared libdkit.so carries its own dependencies: its users find LibTorch and dkit, nothing else.
+file(GLOB shared_libraries "${PREFIX}/${LIBDIR}/libdkit.so*")
+if(shared_libraries AND EXISTS "${PREFIX}/${CMAKEDIR}/dkitConfig.cmake")
+  file(STRINGS "${PREFIX}/${CMAKEDIR}/dkitConfig.cmake" dependencies REGEX "^find_dependency\\(")
+  foreach(line IN LISTS dependencies)
+    if(NOT line MATCHES "^find_dependency\\(Torch[ )]")
+      list(APPEND problems "dkitConfig.cmake of the shared library makes its users find more than LibTorch: ${line}")
+    endif()
+  endforeach()
+  if(NOT EXISTS "${PREFIX}/${LIBDIR}/libdkit.so.${VERSION_MAJOR}")
+    list(APPEND problems "no ${LIBDIR}/libdkit.so.${VERSION_MAJOR} (the SOVERSION link)")
+  endif()
+endif()
 file(GLOB target_files "${PREFIX}/${CMAKEDIR}/dkitTargets*.cmake")
 foreach(file IN LISTS target_files)
   file(READ "${file}" text)
+  # A library named by its absolute path ties the package to this machine (another distribution keeps libgomp
+  # elsewhere): the links name targets, found again on the user's machine.
+  string(REGEX MATCHALL "INTERFACE_LINK_LIBRARIES \"[^\"]*\"" links "${text}")
+  foreach(link IN LISTS links)
+    if(link MATCHES "(^|[\";:])/")
+      list(APPEND problems "${file} links a file of this machine by its absolute path: ${link}")
+    endif()
+  endforeach()
   foreach(word dkit_warnings "${BUILD_DIR}" "${SOURCE_DIR}")
     string(FIND "${text}" "${word}" at)
     if(at GREATER -1)
