@@ -14,6 +14,7 @@
 #include <dkit/core/format.h>
 #include <dkit/data/dataset.h>
 #include <dkit/data/loader.h>
+#include <dkit/data/mapped.h>
 #include <dkit/device/device.h>
 #include <dkit/device/host_sync.h>
 #include <dkit/device/report.h>

@@ -12,7 +12,7 @@
 # FUZZ_BUILD_DIR (build-fuzz; an existing clang build configured with DKIT_SANITIZE, such as scripts/sanitize.sh's,
 # is reused: only the fuzz targets are added to it), FUZZ_TIMEOUT (20), FUZZ_MALLOC_LIMIT_MB (2048).
 #
-# Targets: torch_file, training_checkpoint, config, csv, safetensors (see fuzz/CMakeLists.txt). Seeds:
+# Targets: torch_file, training_checkpoint, config, csv, safetensors, npy (see fuzz/CMakeLists.txt). Seeds:
 # fuzz/corpus/TARGET (committed, small), the project's real fixtures and the inputs earlier runs found
 # (tests/fixtures/fuzz/TARGET-*, each with a regression test), copied into BUILD/fuzz/seeds/TARGET at each run. What
 # the fuzzer finds beyond them accumulates in BUILD/fuzz/corpus/TARGET. Needs clang, libclang-rt-dev and llvm
@@ -30,15 +30,15 @@ targets=()
 for arg in "$@"; do
   case "$arg" in
     --replay) replay=1 ;;
-    torch_file | training_checkpoint | config | csv | safetensors) targets+=("$arg") ;;
+    torch_file | training_checkpoint | config | csv | safetensors | npy) targets+=("$arg") ;;
     *)
-      echo "fuzz: unknown target or option '$arg' (targets: torch_file training_checkpoint config csv safetensors; option: --replay)" >&2
+      echo "fuzz: unknown target or option '$arg' (targets: torch_file training_checkpoint config csv safetensors npy; option: --replay)" >&2
       exit 2
       ;;
   esac
 done
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(torch_file training_checkpoint config csv safetensors)
+  targets=(torch_file training_checkpoint config csv safetensors npy)
 fi
 
 if [ -f "$build/CMakeCache.txt" ]; then
@@ -71,9 +71,10 @@ echo "fuzz: built in $(($(date +%s) - start)) s"
 # first byte of a CSV input picks the reader's options: \003 means labels in the last column, \200 no labels).
 seeds="$build/fuzz/seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{torch_file,training_checkpoint,config,csv,safetensors}
+mkdir -p "$seeds"/{torch_file,training_checkpoint,config,csv,safetensors,npy}
 cp tests/fixtures/*.pt "$seeds/torch_file/"
 cp tests/fixtures/*.safetensors "$seeds/safetensors/"
+cp tests/fixtures/npy/*.npy "$seeds/npy/"
 cp fuzz/corpus/training_checkpoint/* "$seeds/torch_file/"
 cp configs/*.yaml tests/fixtures/*.yaml "$seeds/config/"
 for csv in tests/fixtures/*.csv; do
@@ -82,7 +83,7 @@ for csv in tests/fixtures/*.csv; do
 done
 { printf '\003'; head -n 20 data/digits.csv; } >"$seeds/csv/digits-head.csv"
 # What earlier runs found, kept as regression tests (tests/fixtures/fuzz/TARGET-*), is replayed every time.
-for target in torch_file training_checkpoint config csv safetensors; do
+for target in torch_file training_checkpoint config csv safetensors npy; do
   for finding in tests/fixtures/fuzz/"$target"-*; do
     if [ -e "$finding" ]; then
       cp "$finding" "$seeds/$target/"

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <dkit/core/enum_names.h>
+#include <dkit/data/dataset.h>
+#include <dkit/data/loader.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dkit {
+
+/// What the header of a NumPy `.npy` file says, checked against the file's size.
+struct NpyHeader {
+  /// The element type.
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  /// The array's shape (empty for a scalar).
+  std::vector<int64_t> shape;
+  /// Where the data starts, in bytes from the start of the file.
+  int64_t data_offset = 0;
+  /// The data's size in bytes: the product of the shape times the element size.
+  int64_t data_bytes = 0;
+};
+
+/// Parses the header at the start of `bytes`, the first bytes of a `.npy` file of `file_size` bytes; `source` names
+/// the file in errors. Format versions 1.0 to 3.0; the little-endian dtypes NumPy writes for numbers (`f2`, `f4`,
+/// `f8`, `u1`, `i1`, `i2`, `i4`, `i8`, `b1`); C order. A truncated file, a header that is not NumPy's, a shape whose
+/// size overflows or disagrees with the file's size, a Fortran-order or big-endian array, or another dtype is a
+/// one-line dkit::Error naming the file.
+NpyHeader parse_npy_header(std::string_view bytes, int64_t file_size, const std::string& source);
+
+/// Reads and checks the header of the `.npy` file at `path` (see parse_npy_header()).
+NpyHeader read_npy_header(const std::string& path);
+
+/// The array of the `.npy` file at `path`, memory-mapped read-only, as NumPy's `np.load(path, mmap_mode="r")`
+/// gives it: a CPU tensor whose pages the kernel reads from the file when they are touched and may drop again, so
+/// that a data set larger than memory takes none of the process's own. The mapping lives as long as the tensor and
+/// its views; writing to it is not allowed (the pages are read-only). The header is checked before anything is
+/// mapped.
+at::Tensor map_npy(const std::string& path);
+
+/// A Dataset over memory-mapped `.npy` files: inputs `[N, ...]` from `features_path` and labels `[N, ...]` from
+/// `labels_path` (empty: none). A Loader gathers each batch's rows from the map into its buffers, so the data set is
+/// never copied whole; `uint8` images are converted and scaled per batch (LoaderOptions::features_dtype). Labels of a
+/// floating-point dtype, or a row count that differs from the inputs', are errors naming both files.
+Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path = "");
+
+/// The dtype of a raw token file's tokens.
+enum class TokenDtype {
+  /// Unsigned 16-bit, as nanoGPT's `train.bin` (`np.uint16`).
+  kUInt16,
+  /// Signed 32-bit.
+  kInt32,
+  /// Unsigned 32-bit.
+  kUInt32,
+};
+
+/// The name of each TokenDtype.
+inline constexpr EnumNames<TokenDtype, 3> kTokenDtypeNames = {{
+    {TokenDtype::kUInt16, "uint16"},
+    {TokenDtype::kInt32, "int32"},
+    {TokenDtype::kUInt32, "uint32"},
+}};
+
+/// The windows of a raw binary file of fixed-width little-endian tokens, memory-mapped, laid out as nanoGPT reads
+/// its `train.bin`: sample `i` has inputs tokens `[i, i + seq_len)` and targets `[i + 1, i + seq_len + 1)`, both
+/// int64 `[seq_len]`, converted from the file's dtype as the loader's thread copies them. A file shorter than one
+/// window, or whose size is no whole number of tokens, is an error naming it.
+SampleSource map_token_windows(const std::string& path, TokenDtype dtype, int64_t seq_len);
+
+} // namespace dkit
