@@ -296,6 +296,23 @@ TEST_F(DistributedTrainTest, TwoRanksAccumulatingAndClippingTrainAsOneProcessWit
   EXPECT_LE(max_difference(one.model_state_dict, two.model_state_dict), 1e-6);
 }
 
+// A spent max_time stops every rank at the same step, at the metrics flush that carries stop requests, with a
+// checkpoint; rank 0 says why in its log and in summary.json.
+TEST_F(DistributedTrainTest, MaxTimeStopsEveryRankAtTheSameStep) {
+  auto ranks = start_ranks(2, [&](int) {
+    return std::vector<std::string>{DKIT_CNN_RUN_PATH, "--out", tmp_.file("timed"), "--epochs", "1", "--batch-size",
+                                    "16", "--log-every", "5", "--max-time", "1e-9"};
+  }, "timed");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[static_cast<size_t>(r)]->wait(), 0) << ranks[static_cast<size_t>(r)]->err();
+  }
+  EXPECT_NE(ranks[0]->err().find("stopped after step 5: max_time of 1e-09 s spent"), std::string::npos)
+      << ranks[0]->err();
+  EXPECT_EQ(load_training_checkpoint(tmp_.file("timed/checkpoints/last.pt")).step, 5);
+  EXPECT_NE(test::read_file(tmp_.file("timed/summary.json")).find("\"stop_reason\":\"max_time\""),
+            std::string::npos);
+}
+
 // With BatchNorm each rank's running statistics move with its own half of the batch; rank 0's are broadcast after
 // every step, as DistributedDataParallel's broadcast_buffers does, so every step starts from rank 0's on each rank.
 TEST_F(DistributedTrainTest, EveryRanksBatchNormBuffersAreRankZerosAfterEveryStep) {

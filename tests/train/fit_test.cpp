@@ -468,6 +468,27 @@ TEST_F(FitTest, ClippingBoundsEachUpdate) {
   EXPECT_LE(moved, 5 * 1e-3 * (1 + 1e-5));
 }
 
+// Under fp16 the GradScaler's gradients are unscaled before they are clipped: each update is bounded by lr x the
+// norm, not by lr x the norm / the scale (65,536 at first), which clipping the scaled gradients would give.
+TEST_F(FitTest, ClippingUnderFp16ClipsTheUnscaledGradients) {
+  try {
+    check_autocast(c10::DeviceType::CPU, at::kHalf);
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(64, 3));
+  const at::Tensor before = net->parameters()[0].detach().clone();
+  ModuleTask task(net, ModuleTaskOptions().optimizer(make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(1.0))));
+  const TrainSummary summary =
+      Trainer(options("run").epochs(1).max_steps(5).clip_grad_norm(1e-3).precision(Precision::kFloat16))
+          .fit(task, train_, val_);
+  EXPECT_EQ(summary.steps, 5);
+  const double moved = (net->parameters()[0].detach() - before).norm().item<double>();
+  EXPECT_GT(moved, 1e-4) << "steps of about 1e-3, not of 1e-3 / 65536";
+  EXPECT_LE(moved, 5 * 1e-3 * (1 + 1e-3));
+  EXPECT_FALSE(last("run").scaler_state_dict.is_none());
+}
+
 // With a learning rate of 0 the validation loss never improves after the first epoch: patience 2 stops the run after
 // the third, with a checkpoint, says why, and a run started again on the folder trains nothing more.
 TEST_F(FitTest, EarlyStoppingEndsTheRunAndARestartStaysStopped) {
