@@ -1,0 +1,73 @@
+// Trains an MLP for one epoch on a data set of .npy files, memory-mapped or read into memory, and prints its
+// samples/s and the process's peak anonymous memory (RssAnon, sampled at every metrics flush): what
+// bench/mapped_memory.sh measures inside a memory cgroup smaller than the file.
+//
+//   dkit_mapped_train mapped|memory X.npy Y.npy [BATCH]
+//
+// X.npy holds uint8 inputs [N, F], Y.npy int64 labels [N] (scripts/make_npy_dataset.py writes both).
+#include <dkit/dkit.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+namespace {
+
+// The RssAnon line of /proc/self/status, in bytes.
+int64_t rss_anon() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("RssAnon:", 0) == 0) {
+      return std::stoll(line.substr(8)) * 1024;
+    }
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) try {
+  DKIT_CHECK(argc == 4 || argc == 5, "usage: dkit_mapped_train mapped|memory X.npy Y.npy [BATCH]");
+  const std::string how = argv[1];
+  DKIT_CHECK(how == "mapped" || how == "memory", "dkit_mapped_train: mapped or memory, got '", how, "'");
+  const int64_t batch = argc == 5 ? std::stoll(argv[4]) : 256;
+  torch::manual_seed(0);
+  int64_t peak = rss_anon();
+  dkit::Dataset data = dkit::map_npy_dataset(argv[2], argv[3]);
+  if (how == "memory") {
+    data.features = data.features.clone();
+    data.labels = data.labels.clone();
+  }
+  peak = std::max(peak, rss_anon());
+  const int64_t features = data.features.numel() / std::max<int64_t>(data.size(), 1);
+  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(features, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, data.num_classes));
+  dkit::ModuleTask task(net, dkit::ModuleTaskOptions().optimizer(
+                                 dkit::make_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.01))));
+  const std::string out = (std::filesystem::temp_directory_path() / ("dkit-mapped-" + how)).string();
+  std::filesystem::remove_all(out);
+  dkit::TrainerOptions options(out);
+  options.device("cpu")
+      .epochs(1)
+      .batch_size(batch)
+      .log_every(100)
+      .checkpoint_every(0)
+      .placement(dkit::Placement::kPinned)
+      .features_dtype(torch::kFloat)
+      .features_divisor(255)
+      .data_checksum(how)
+      .on_progress([&](const dkit::ProgressUpdate&) { peak = std::max(peak, rss_anon()); });
+  const dkit::TrainSummary summary = dkit::Trainer(options).fit(task, data);
+  peak = std::max(peak, rss_anon());
+  std::cout << how << ": " << summary.samples << " samples in " << summary.train_seconds << " s, "
+            << static_cast<int64_t>(summary.samples_per_second) << " samples/s, peak RssAnon "
+            << peak / (1024 * 1024) << " MiB\n";
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "dkit_mapped_train: " << e.what() << "\n";
+  return 1;
+}
