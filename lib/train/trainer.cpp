@@ -634,7 +634,7 @@ struct Trainer::Impl {
   }
 
   // Trains on `batch`, the `index`-th of the `length` batches of one optimizer step whose batches hold
-  // `window_samples` samples over all ranks: sums its gradients into the step's; after the last, sums them over the
+  // `step_samples` samples over all ranks: sums its gradients into the step's; after the last, sums them over the
   // ranks, clips them and updates.
   void take_batch(const Batch& batch, MetricBuffer& metrics, int64_t index, int64_t length, int64_t step_samples) {
     const int64_t rows = batch.size();
@@ -876,11 +876,10 @@ struct Trainer::Impl {
     std::string added;
     if (std::isfinite(value) && options.save_top_k() > 0 &&
         (static_cast<int64_t>(best.size()) < options.save_top_k() || better(value, best.back().value))) {
-      std::string file = fmt::format("best-epoch={}-step={}-{}={}.pt", result.epoch, step, options.monitor(),
-                                     format_fixed(value, 4));
+      added = fmt::format("best-epoch={}-step={}-{}={}.pt", result.epoch, step, options.monitor(),
+                          format_fixed(value, 4));
       auto at = std::find_if(best.begin(), best.end(), [&](const Kept& kept) { return better(value, kept.value); });
-      best.insert(at, Kept{value, file});
-      added = file;
+      best.insert(at, Kept{value, added});
       save = true;
     }
     std::optional<Kept> dropped;
@@ -890,11 +889,8 @@ struct Trainer::Impl {
     }
     if (options.early_stopping_patience() > 0) {
       const double delta = options.early_stopping_min_delta();
-      const bool improved = std::isfinite(value) &&
-                            (std::isnan(early_best) || (options.monitor_mode() == MonitorMode::kMin
-                                                            ? value < early_best - delta
-                                                            : value > early_best + delta));
-      if (improved) {
+      const double bar = options.monitor_mode() == MonitorMode::kMin ? early_best - delta : early_best + delta;
+      if (std::isfinite(value) && better(value, bar)) {
         early_best = value;
         bad_validations = 0;
       } else if (++bad_validations >= options.early_stopping_patience()) {
@@ -905,12 +901,11 @@ struct Trainer::Impl {
     if (save) {
       train_clock.stop();
       save_checkpoint();
-      const bool kept = !added.empty() && (!dropped || dropped->file != added);
-      if (main() && kept) {
+      if (main() && !added.empty()) {
         folder->keep_as(summary.checkpoint, added);
         info(fmt::format("best checkpoint {} ({} {})", added, options.monitor(), format_fixed(value, 4)));
       }
-      if (main() && dropped && dropped->file != added) {
+      if (main() && dropped) {
         std::error_code ignored;
         std::filesystem::remove(std::filesystem::path(folder->path()) / dropped->file, ignored);
       }
