@@ -93,10 +93,11 @@ std::vector<int64_t> parse_shape(std::string_view text, const std::string& sourc
   return shape;
 }
 
-uint32_t little_endian(std::string_view bytes, size_t at, size_t count) {
+// The unsigned little-endian number in the `count` bytes at `bytes`.
+uint32_t little_endian(const unsigned char* bytes, size_t count) {
   uint32_t value = 0;
   for (size_t i = 0; i < count; ++i) {
-    value |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+    value |= static_cast<uint32_t>(bytes[i]) << (8 * i);
   }
   return value;
 }
@@ -109,28 +110,52 @@ std::string shape_text(c10::IntArrayRef shape) {
   return text + "]";
 }
 
-uint32_t little_endian32(const unsigned char* bytes) {
-  return static_cast<uint32_t>(bytes[0]) | (static_cast<uint32_t>(bytes[1]) << 8) |
-         (static_cast<uint32_t>(bytes[2]) << 16) | (static_cast<uint32_t>(bytes[3]) << 24);
-}
-
-class FileDescriptor {
+// A file opened for reading, with its size; closed when it goes. Errors name the file.
+class ReadOnlyFile {
  public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) {
+  explicit ReadOnlyFile(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    DKIT_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) {
+      const int error = errno;
       ::close(fd_);
+      throw Error(std::string("cannot read ") + path + ": " + std::strerror(error));
     }
+    size_ = static_cast<int64_t>(info.st_size);
   }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const {
+  ~ReadOnlyFile() {
+    ::close(fd_);
+  }
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+
+  int fd() const {
     return fd_;
+  }
+  int64_t size() const {
+    return size_;
+  }
+
+  // Maps its first `length` bytes read-only; the caller unmaps them.
+  void* map(size_t length, const std::string& path) const {
+    void* mapped = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd_, 0);
+    DKIT_CHECK(mapped != MAP_FAILED, "cannot map ", path, ": ", std::strerror(errno));
+    return mapped;
   }
 
  private:
   int fd_;
+  int64_t size_ = 0;
 };
+
+NpyHeader read_header(const ReadOnlyFile& file, const std::string& path) {
+  // NumPy pads a header to a multiple of 64 bytes and caps version 1's at 65,535: read what a header can span.
+  std::string head(static_cast<size_t>(std::min<int64_t>(file.size(), 65536 + 12)), '\0');
+  const ssize_t got = ::pread(file.fd(), head.data(), head.size(), 0);
+  DKIT_CHECK(got >= 0, "cannot read ", path, ": ", std::strerror(errno));
+  head.resize(static_cast<size_t>(got));
+  return parse_npy_header(head, file.size(), path);
+}
 
 } // namespace
 
@@ -143,7 +168,8 @@ NpyHeader parse_npy_header(std::string_view bytes, int64_t file_size, const std:
   const size_t length_bytes = major == 1 ? 2 : 4;
   DKIT_CHECK(bytes.size() >= 8 + length_bytes, source, ": the file ends inside the .npy header");
   const size_t header_start = 8 + length_bytes;
-  const uint64_t header_length = little_endian(bytes, 8, length_bytes);
+  const uint64_t header_length =
+      little_endian(reinterpret_cast<const unsigned char*>(bytes.data()) + 8, length_bytes);
   DKIT_CHECK(header_start + header_length <= bytes.size() &&
                  static_cast<int64_t>(header_start + header_length) <= file_size,
              source, ": the .npy header says it is ", header_length, " bytes long, but the file ends before that");
@@ -189,29 +215,18 @@ NpyHeader parse_npy_header(std::string_view bytes, int64_t file_size, const std:
 }
 
 NpyHeader read_npy_header(const std::string& path) {
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  DKIT_CHECK(file.get() >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat info {};
-  DKIT_CHECK(::fstat(file.get(), &info) == 0, "cannot read ", path, ": ", std::strerror(errno));
-  // NumPy pads a header to a multiple of 64 bytes and caps version 1's at 65,535: read what a header can span.
-  std::string head(static_cast<size_t>(std::min<int64_t>(info.st_size, 65536 + 12)), '\0');
-  const ssize_t got = ::pread(file.get(), head.data(), head.size(), 0);
-  DKIT_CHECK(got >= 0, "cannot read ", path, ": ", std::strerror(errno));
-  head.resize(static_cast<size_t>(got));
-  return parse_npy_header(head, info.st_size, path);
+  return read_header(ReadOnlyFile(path), path);
 }
 
 at::Tensor map_npy(const std::string& path) {
-  const NpyHeader header = read_npy_header(path);
+  const ReadOnlyFile file(path);
+  const NpyHeader header = read_header(file, path);
   const auto options = torch::TensorOptions().dtype(header.dtype);
   if (header.data_bytes == 0) {
     return torch::empty(header.shape, options);
   }
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  DKIT_CHECK(file.get() >= 0, "cannot open ", path, ": ", std::strerror(errno));
   const auto length = static_cast<size_t>(header.data_offset + header.data_bytes);
-  void* map = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, file.get(), 0);
-  DKIT_CHECK(map != MAP_FAILED, "cannot map ", path, ": ", std::strerror(errno));
+  void* map = file.map(length, path);
   char* data = static_cast<char*>(map) + header.data_offset;
   return torch::from_blob(
       data, header.shape, [map, length](void*) { ::munmap(map, length); }, options);
@@ -243,18 +258,14 @@ Dataset map_npy_dataset(const std::string& features_path, const std::string& lab
 SampleSource map_token_windows(const std::string& path, TokenDtype dtype, int64_t seq_len) {
   DKIT_CHECK(seq_len >= 1, "map_token_windows: seq_len must be at least 1, got ", seq_len);
   const int64_t width = dtype == TokenDtype::kUInt16 ? 2 : 4;
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  DKIT_CHECK(file.get() >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat info {};
-  DKIT_CHECK(::fstat(file.get(), &info) == 0, "cannot read ", path, ": ", std::strerror(errno));
-  const auto bytes = static_cast<int64_t>(info.st_size);
+  const ReadOnlyFile file(path);
+  const int64_t bytes = file.size();
   DKIT_CHECK(bytes % width == 0, path, " holds ", bytes, " bytes, no whole number of ", name_of(kTokenDtypeNames, dtype),
              " tokens");
   const int64_t tokens = bytes / width;
   DKIT_CHECK(tokens >= seq_len + 1, path, " holds ", tokens, " tokens, fewer than one window of ", seq_len,
              " and its next token");
-  void* map = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, file.get(), 0);
-  DKIT_CHECK(map != MAP_FAILED, "cannot map ", path, ": ", std::strerror(errno));
+  void* map = file.map(static_cast<size_t>(bytes), path);
   std::shared_ptr<const unsigned char> mapped(static_cast<const unsigned char*>(map),
                                               [bytes](const unsigned char* p) {
                                                 ::munmap(const_cast<unsigned char*>(p), static_cast<size_t>(bytes));
@@ -272,13 +283,13 @@ SampleSource map_token_windows(const std::string& path, TokenDtype dtype, int64_
       const unsigned char* token = in + t * width;
       switch (dtype) {
         case TokenDtype::kUInt16:
-          out[t] = static_cast<int64_t>(token[0] | (token[1] << 8));
+          out[t] = static_cast<int64_t>(little_endian(token, 2));
           break;
         case TokenDtype::kInt32:
-          out[t] = static_cast<int64_t>(static_cast<int32_t>(little_endian32(token)));
+          out[t] = static_cast<int64_t>(static_cast<int32_t>(little_endian(token, 4)));
           break;
         case TokenDtype::kUInt32:
-          out[t] = static_cast<int64_t>(little_endian32(token));
+          out[t] = static_cast<int64_t>(little_endian(token, 4));
           break;
       }
     }
