@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every CUDA path of dkit run and measured on a lent GPU machine in one call (issue 16; docs/benchmarks.md has the
-# results): builds dkit against python3's LibTorch with scripts/offline_deps.sh, then runs `dkit devices`, the whole
+# Every CUDA path of dkit run and measured on a lent GPU machine in one call (docs/benchmarks.md has the results:
+# "Training on a GPU: no step waits" and the H200 rows of each suite): builds dkit against python3's LibTorch with
+# scripts/offline_deps.sh, then runs `dkit devices`, the whole
 # CTest suite (the CUDA tests first), training on cuda:0 (digits and Fashion-MNIST, pinned and device placements,
 # fp32/bf16/fp16, under --check-syncs), torchrun with NCCL, DataParallel, checkpoints and files across C++ and
 # Python, compute-sanitizer, and last the GPU's own ceilings and the GPU benchmarks (fp32, bf16 and fp16 among them)
@@ -155,8 +156,8 @@ for tool in memcheck racecheck; do
 done
 
 # The GPU's ceilings as PyTorch reaches them, then dkit's benchmarks with PyTorch beside them, back to back (last:
-# docs/benchmarks.md has a full set from 2026-11-26). The training suites' limits allow for PyTorch's processes, up to
-# three per row, each a few seconds to start.
+# docs/benchmarks.md shows a full set: the H200 rows of each suite). The training suites' limits allow for PyTorch's
+# processes, up to three per row, each a few seconds to start.
 step peaks 60 '"$python" bench/python/gpu_check.py peaks'
 bench() { # SUITE SECONDS ARGS...
   local suite=$1 limit=$2

@@ -194,8 +194,8 @@ class PythonServer {
 };
 
 /// How many PyTorch processes the samples of one row come from, at most, where a suite takes them in turns with
-/// dkit's: on some machines a process keeps a speed of its own for its whole life (docs/benchmarks.md, "PyTorch on
-/// the same data, and from several processes"), so the samples of one process would be a single draw of that speed.
+/// dkit's: on some machines a process keeps a speed of its own for its whole life (docs/benchmarks.md, "How dkit
+/// measures"), so the samples of one process would be a single draw of that speed.
 inline constexpr int64_t kPythonProcesses = 3;
 
 /// PyTorch's untimed steps in each process before a row's first sample at `batch` rows (dkit's variants take 10,
