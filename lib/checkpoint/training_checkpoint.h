@@ -67,9 +67,9 @@ void load_scheduler_state_dict(torch::optim::LRScheduler& scheduler, const Pickl
 /// Everything needed to continue training exactly where it stopped. Saved as a torch.save-compatible file
 /// whose root dict holds `dkit_checkpoint` (the format version), `model_state_dict` (an OrderedDict of the
 /// module's parameters and buffers, named as LibTorch registers them), `model` (when set), `input_mean`/`input_std`
-/// (when set), `optimizer_state_dict`, `step`, `epoch`, `epoch_step`, `rng` (`{'cpu': Tensor, 'cuda': [Tensor,
-/// ...]}`), `config`, `data_checksum`, `world_size` (absent from files written before it, read as 1) and, when set,
-/// `scaler`, `scheduler_state_dict`, `task_state` and `trainer_state`.
+/// (when set), `optimizer_state_dict`, `step`, `epoch`, `epoch_step`, `rng` (the generator states: a tensor for
+/// the CPU, a list of tensors for the GPUs), `config`, `data_checksum`, `world_size` (absent from files written
+/// before it, read as 1) and, when set, `scaler`, `scheduler_state_dict`, `task_state` and `trainer_state`.
 struct TrainingCheckpoint {
   /// The model's parameters and buffers (see module_state_dict()).
   StateDict model_state_dict{"state dict key"};

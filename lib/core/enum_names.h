@@ -53,7 +53,7 @@ std::optional<Enum> try_parse(const EnumNames<Enum, N>& names, std::string_view 
 
 /// The names for a message or a doc, in table order: `a, b or c` by default; `last` joins the last two
 /// (`list_names(names, /*last=*/", ")` is `a, b, c`) and `quote` goes around each name
-/// (`list_names(names, " or ", "`")` is "`a`, `b` or `c`").
+/// (with a backtick as `quote`, the names come out as code spans).
 template <typename Enum, std::size_t N>
 std::string list_names(const EnumNames<Enum, N>& names, std::string_view last = " or ", std::string_view quote = "") {
   std::string listing;

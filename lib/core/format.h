@@ -26,7 +26,7 @@ std::string format_significant(double value, int digits);
 /// A rate for people, one decimal with a k or M suffix from a thousand and a million on: `812.5`, `310.2k`, `1.2M`.
 std::string format_rate(double per_second);
 
-/// `text` with each control character (bytes 0x00-0x1f and 0x7f) written as `\xNN` (`'run\x0d'`), all other bytes
+/// `text` with each control character (bytes 0x00-0x1f and 0x7f) written as `\xNN` (NN: its hex code), all other bytes
 /// as they are: how dkit shows text it did not write itself (a config value, a file name, a tensor's key) in a
 /// message or a table, so that the text stays on one line and cannot move a terminal's cursor.
 std::string printable(const std::string& text);

@@ -68,7 +68,9 @@ class PendingCollective {
  public:
   PendingCollective();
   ~PendingCollective();
+  /// Moves the collective: the moved-to object is the one to wait for.
   PendingCollective(PendingCollective&&) noexcept;
+  /// Moves the collective: the moved-to object is the one to wait for.
   PendingCollective& operator=(PendingCollective&&) noexcept;
 
   /// Whether it holds a collective not yet waited for.

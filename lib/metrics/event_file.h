@@ -58,7 +58,9 @@ class EventFileWriter {
   /// `file_version: "brain.Event:2"`, flushed to the operating system. An error names the file.
   explicit EventFileWriter(const std::string& folder);
   ~EventFileWriter();
+  /// Moves the writer: the open file goes with it.
   EventFileWriter(EventFileWriter&&) noexcept;
+  /// Moves the writer: the open file goes with it.
   EventFileWriter& operator=(EventFileWriter&&) noexcept;
 
   /// The file, as `folder / name`.

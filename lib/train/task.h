@@ -155,7 +155,9 @@ class Task {
 
  protected:
   Task() = default;
+  /// Copies the task's own members; for derived tasks that are copyable.
   Task(const Task&) = default;
+  /// Copies the task's own members; for derived tasks that are copyable.
   Task& operator=(const Task&) = default;
 };
 
