@@ -79,6 +79,37 @@ inline void write_bytes(const std::string& path, const std::string& data) {
   std::ofstream(path, std::ios::binary) << data;
 }
 
+/// Writes the CPU tensor `tensor` (float32, float64, uint8, int32 or int64) as NumPy's `np.save` writes it:
+/// format 1.0, C order, the header padded with spaces to a multiple of 64 bytes.
+inline void write_npy(const std::string& path, const torch::Tensor& tensor) {
+  const torch::Tensor data = tensor.contiguous();
+  const char* descr = data.scalar_type() == torch::kFloat    ? "<f4"
+                      : data.scalar_type() == torch::kDouble ? "<f8"
+                      : data.scalar_type() == torch::kByte   ? "|u1"
+                      : data.scalar_type() == torch::kInt    ? "<i4"
+                                                             : "<i8";
+  std::string shape;
+  for (const int64_t size : data.sizes()) {
+    shape += std::to_string(size) + ", ";
+  }
+  if (data.dim() > 1) {
+    shape.resize(shape.size() - 2);
+  } else if (data.dim() == 1) {
+    shape.resize(shape.size() - 1);
+  }
+  std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::string file = "\x93NUMPY";
+  file += '\x01';
+  file += '\x00';
+  file += static_cast<char>(header.size() & 0xff);
+  file += static_cast<char>(header.size() >> 8);
+  file += header;
+  file.append(static_cast<const char*>(data.data_ptr()), data.numel() * data.element_size());
+  write_bytes(path, file);
+}
+
 /// The elements of `tensor` (on any device, of any real dtype) converted to int64, in order.
 inline std::vector<int64_t> int64s(const torch::Tensor& tensor) {
   const torch::Tensor flat = tensor.to(torch::kLong).cpu().contiguous();

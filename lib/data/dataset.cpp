@@ -274,6 +274,9 @@ IdxHeader parse_idx(const std::string& bytes, const std::string& shown, uint32_t
 } // namespace
 
 int64_t Dataset::size() const {
+  if (rows.defined()) {
+    return rows.size(0);
+  }
   return features.defined() ? features.size(0) : 0;
 }
 
@@ -468,9 +471,18 @@ std::string part_description(const Dataset& data, int64_t rows, const std::strin
 
 Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& part) {
   Dataset subset;
-  subset.features = data.features.index_select(0, indices);
-  if (data.has_labels()) {
-    subset.labels = data.labels.index_select(0, indices);
+  const at::Tensor rows = data.rows.defined() ? data.rows.index_select(0, indices) : indices;
+  if (data.mapped) {
+    subset.features = data.features;
+    subset.labels = data.labels;
+    subset.rows = rows;
+    subset.mapped = true;
+    subset.check_files = data.check_files;
+  } else {
+    subset.features = data.features.index_select(0, rows);
+    if (data.has_labels()) {
+      subset.labels = data.labels.index_select(0, rows);
+    }
   }
   subset.num_classes = data.num_classes;
   subset.description = part_description(data, indices.size(0), part);
@@ -530,7 +542,8 @@ DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed) {
 }
 
 DatasetSplit split(Dataset&& data, double val_fraction, uint64_t seed) {
-  if (!sole_contiguous_owner(data.features) || !sole_contiguous_owner(data.labels)) {
+  if (data.mapped || data.rows.defined() || !sole_contiguous_owner(data.features) ||
+      !sole_contiguous_owner(data.labels)) {
     return split(static_cast<const Dataset&>(data), val_fraction, seed);
   }
   const auto [train_indices, val_indices] = split_indices(data.size(), val_fraction, seed);
@@ -586,36 +599,71 @@ void Normalization::apply_(const at::Tensor& features) const {
 }
 
 Dataset Normalization::apply(const Dataset& data) const {
-  Dataset scaled = data;
-  scaled.features = apply(data.features).contiguous();
+  Dataset scaled;
+  const auto rows_of = [&data](const at::Tensor& tensor) {
+    return data.rows.defined() ? tensor.index_select(0, data.rows) : tensor;
+  };
+  scaled.features = apply(rows_of(data.features).to(at::kFloat)).contiguous();
+  if (data.has_labels()) {
+    scaled.labels = rows_of(data.labels);
+  }
+  scaled.num_classes = data.num_classes;
+  scaled.description = data.description;
   return scaled;
 }
 
 Normalization fit_normalization(const at::Tensor& features, Scaling scaling) {
+  Dataset data;
+  data.features = features;
+  return fit_normalization(data, scaling);
+}
+
+Normalization fit_normalization(const Dataset& data, Scaling scaling) {
+  const at::Tensor& features = data.features;
   TORCH_CHECK(features.dim() == 2, "input scaling needs features of shape [N, F], got ", features.sizes());
-  DKIT_CHECK(features.size(0) > 0, "cannot fit input scaling on 0 samples");
+  const int64_t n = data.size();
+  DKIT_CHECK(n > 0, "cannot fit input scaling on 0 samples");
   Normalization normalization;
   if (scaling == Scaling::kNone) {
     return normalization;
   }
-  const int64_t n_features = features.size(1);
-  at::Tensor offset = at::empty({n_features}, at::TensorOptions().dtype(at::kDouble));
-  at::Tensor scale = at::empty({n_features}, at::TensorOptions().dtype(at::kDouble));
+  constexpr int64_t kRowsPerBlock = 65536;
   constexpr int64_t kColumnsPerBlock = 32;
-  for (int64_t first = 0; first < n_features; first += kColumnsPerBlock) {
-    const int64_t columns = std::min(kColumnsPerBlock, n_features - first);
-    const at::Tensor x = features.narrow(1, first, columns).to(at::kDouble);
-    at::Tensor block_offset;
-    at::Tensor block_scale;
-    if (scaling == Scaling::kStandardize) {
-      block_offset = x.mean(0);
-      block_scale = (x - block_offset).pow(2).mean(0).sqrt();
-    } else {
-      block_offset = x.amin(0);
-      block_scale = x.amax(0) - block_offset;
+  const int64_t n_features = features.size(1);
+  const auto double_options = at::TensorOptions().dtype(at::kDouble);
+  const auto for_each_block = [&](const std::function<void(const at::Tensor&, int64_t, int64_t)>& visit) {
+    for (int64_t first_row = 0; first_row < n; first_row += kRowsPerBlock) {
+      const int64_t count = std::min(kRowsPerBlock, n - first_row);
+      const at::Tensor block = data.rows.defined()
+                                   ? features.index_select(0, data.rows.narrow(0, first_row, count))
+                                   : features.narrow(0, first_row, count);
+      for (int64_t first = 0; first < n_features; first += kColumnsPerBlock) {
+        const int64_t columns = std::min(kColumnsPerBlock, n_features - first);
+        visit(block.narrow(1, first, columns).to(at::kDouble), first, columns);
+      }
     }
-    offset.narrow(0, first, columns).copy_(block_offset);
-    scale.narrow(0, first, columns).copy_(block_scale);
+  };
+  at::Tensor offset;
+  at::Tensor scale;
+  if (scaling == Scaling::kStandardize) {
+    at::Tensor sum = at::zeros({n_features}, double_options);
+    for_each_block([&](const at::Tensor& x, int64_t first, int64_t columns) {
+      sum.narrow(0, first, columns).add_(x.sum(0));
+    });
+    offset = sum.div_(static_cast<double>(n));
+    at::Tensor squares = at::zeros({n_features}, double_options);
+    for_each_block([&](const at::Tensor& x, int64_t first, int64_t columns) {
+      squares.narrow(0, first, columns).add_((x - offset.narrow(0, first, columns)).pow(2).sum(0));
+    });
+    scale = squares.div_(static_cast<double>(n)).sqrt_();
+  } else {
+    offset = at::full({n_features}, std::numeric_limits<double>::infinity(), double_options);
+    at::Tensor high = at::full({n_features}, -std::numeric_limits<double>::infinity(), double_options);
+    for_each_block([&](const at::Tensor& x, int64_t first, int64_t columns) {
+      offset.narrow(0, first, columns).copy_(at::minimum(offset.narrow(0, first, columns), x.amin(0)));
+      high.narrow(0, first, columns).copy_(at::maximum(high.narrow(0, first, columns), x.amax(0)));
+    });
+    scale = high - offset;
   }
   scale.masked_fill_(scale == 0, 1.0);
   normalization.mean = offset.to(at::kFloat).contiguous();

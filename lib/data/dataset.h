@@ -6,6 +6,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -23,8 +24,16 @@ struct Dataset {
   int64_t num_classes = 0;
   /// Where the data came from, for logs: `digits.csv: 1797 samples, 64 features, 10 classes`.
   std::string description;
+  /// The rows of `features` and `labels` that make up the data set, int64 `[N]`, for a part of arrays that must not
+  /// be copied (split() of a mapped data set); undefined: every row, in order.
+  at::Tensor rows;
+  /// Whether `features` and `labels` are read-only maps of files (map_npy_dataset()): split() leaves them whole.
+  bool mapped = false;
+  /// For a mapped data set, checks that its files still hold what was mapped and throws a dkit::Error naming a file
+  /// that has shrunk; a Loader calls it before each epoch. Empty for data in memory.
+  std::function<void()> check_files;
 
-  /// Number of samples N.
+  /// Number of samples N: the rows in `rows` when it is defined, else `features.size(0)`.
   int64_t size() const;
   /// Number of features F per sample.
   int64_t num_features() const;
@@ -109,7 +118,8 @@ DatasetSplit split(const Dataset& data, double val_fraction, uint64_t seed);
 
 /// The same split without a copy when `data` holds the only reference to its contiguous CPU tensors: the rows are
 /// reordered in place (training samples first, then validation samples, each in their original order) and the two
-/// parts are views of `data`'s storage. Otherwise, as split() above.
+/// parts are views of `data`'s storage. A mapped data set is never written: both parts share its arrays and list
+/// their Dataset::rows. Otherwise, as split() above.
 DatasetSplit split(Dataset&& data, double val_fraction, uint64_t seed);
 
 /// How inputs are scaled before training.
@@ -150,12 +160,17 @@ struct Normalization {
   at::Tensor apply(const at::Tensor& features) const;
   /// Scales `features` in place, as apply() would, without a copy; nothing when undefined.
   void apply_(const at::Tensor& features) const;
-  /// A copy of `data` with scaled features (the labels are shared).
+  /// A copy of `data` with scaled features, in memory (the labels are shared, or gathered when `data` lists rows).
   Dataset apply(const Dataset& data) const;
 };
 
 /// Fits `scaling` on `features` (`[N, F]`, N > 0): fit on the training part only, then apply to every part.
 Normalization fit_normalization(const at::Tensor& features, Scaling scaling);
+
+/// Fits `scaling` on the features of `data` (`[N, F]`, N > 0) in one streaming pass per statistic, a block of rows
+/// at a time, so that a mapped data set is never loaded whole. The sums are float64 and taken in the same order for
+/// a Dataset in memory and for its mapped twin, so both give the same normalization bitwise.
+Normalization fit_normalization(const Dataset& data, Scaling scaling);
 
 /// The seed sample_order() gives LibTorch's CPU generator for `epoch`: splitmix64 of `seed` and `epoch`. In Python,
 /// `torch.randperm(n, generator=torch.Generator().manual_seed(order_seed(seed, epoch)))` gives the same order

@@ -57,6 +57,8 @@ struct LoaderRows {
   at::ScalarType label_dtype = at::kLong;
   at::Tensor features;
   at::Tensor labels;
+  at::Tensor row_map;
+  std::function<void()> check_files;
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> get;
 
   std::vector<int64_t> shape(int64_t rows, const std::vector<int64_t>& row) const {
@@ -85,6 +87,15 @@ struct LoaderRows {
   // Copies the rows `indices[0, count)` into the first `count` rows of `features_out` and `labels_out`.
   void gather(const int64_t* indices, int64_t count, const at::Tensor& features_out,
               const at::Tensor& labels_out) const {
+    std::vector<int64_t> mapped_indices;
+    if (row_map.defined()) {
+      const int64_t* map = row_map.data_ptr<int64_t>();
+      mapped_indices.resize(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        mapped_indices[static_cast<size_t>(i)] = map[indices[i]];
+      }
+      indices = mapped_indices.data();
+    }
     if (!get) {
       gather_rows(features, indices, count, features_out.data_ptr());
       if (has_labels) {
@@ -100,6 +111,15 @@ struct LoaderRows {
         check_sample(indices[i], y, label_shape, label_dtype, "a label");
         labels_out.select(0, i).copy_(y);
       }
+    }
+  }
+
+  // Copies the listed rows of a part of a data set into tensors of their own.
+  void take_rows() {
+    if (row_map.defined()) {
+      features = features.index_select(0, row_map);
+      labels = has_labels ? labels.index_select(0, row_map) : labels;
+      row_map = at::Tensor();
     }
   }
 
@@ -133,13 +153,26 @@ detail::LoaderRows rows_of(Dataset data) {
              data.features.device().str(), ": a Loader reads data sets from host memory");
   DKIT_CHECK(loadable_features(data.features.scalar_type()), "Loader: the features of ", rows.description,
              " are ", dtype_name(data.features.scalar_type()), ": expected a floating-point or integer dtype");
-  rows.n = data.features.size(0);
+  rows.n = data.size();
+  if (data.rows.defined()) {
+    DKIT_CHECK(data.rows.dim() == 1 && data.rows.scalar_type() == at::kLong && data.rows.device().is_cpu(),
+               "Loader: the rows of ", rows.description, " are not int64 [N] on the CPU");
+    if (rows.n > 0) {
+      const int64_t low = data.rows.min().item<int64_t>();
+      const int64_t high = data.rows.max().item<int64_t>();
+      DKIT_CHECK(low >= 0 && high < data.features.size(0), "Loader: the rows of ", rows.description,
+                 " reach row ", low < 0 ? low : high, ", outside its ", data.features.size(0), " samples");
+    }
+    rows.row_map = data.rows.contiguous();
+  }
+  rows.check_files = std::move(data.check_files);
   rows.features = data.features.contiguous();
   rows.feature_shape = data.features.sizes().slice(1).vec();
   rows.feature_dtype = data.features.scalar_type();
   if (data.labels.defined()) {
-    DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == rows.n, "Loader: ", rows.description, " has ",
-               rows.n, " samples but labels of shape ", data.labels.sizes(), ": one label row per sample");
+    DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), "Loader: ",
+               rows.description, " has ", data.features.size(0), " samples but labels of shape ",
+               data.labels.sizes(), ": one label row per sample");
     DKIT_CHECK(data.labels.device().is_cpu(), "Loader: the labels of ", rows.description, " are on ",
                data.labels.device().str(), ": a Loader reads data sets from host memory");
     rows.has_labels = true;
@@ -237,6 +270,9 @@ struct Loader::Impl {
     threaded = placement == Placement::kPinned;
     pinned = threaded && device.is_cuda();
     if (placement == Placement::kDevice) {
+      if (device.is_cuda()) {
+        data.take_rows();
+      }
       data.materialize();
       device_features = to_device(data.features, device);
       device_labels = data.has_labels ? to_device(data.labels, device) : at::Tensor();
@@ -282,7 +318,7 @@ struct Loader::Impl {
   Batch make_now(int64_t batch) const {
     const Range r = range(batch);
     Batch out = describe(batch, r);
-    if (placement == Placement::kDevice && !options.shuffle()) {
+    if (placement == Placement::kDevice && !options.shuffle() && !data.row_map.defined()) {
       out.features = device_features.narrow(0, r.start, r.rows);
       if (device_labels.defined()) {
         out.labels = device_labels.narrow(0, r.start, r.rows);
@@ -408,6 +444,9 @@ struct Loader::Impl {
     DKIT_CHECK(skip >= 0 && skip <= batches, "cannot skip ", skip, " batches of epoch ", new_epoch,
                ": it has ", batches);
     stop_producer();
+    if (data.check_files) {
+      data.check_files();
+    }
     order = options.shuffle() ? sample_order(n, options.seed(), new_epoch)
                               : at::arange(n, at::TensorOptions().dtype(at::kLong));
 #if DKIT_WITH_CUDA

@@ -232,9 +232,21 @@ at::Tensor map_npy(const std::string& path) {
       data, header.shape, [map, length](void*) { ::munmap(map, length); }, options);
 }
 
+std::function<void()> mapped_size_check(const std::string& path, int64_t bytes) {
+  return [path, bytes] {
+    struct stat info {};
+    DKIT_CHECK(::stat(path.c_str(), &info) == 0, "cannot read ", path, " while it is mapped: ", std::strerror(errno));
+    DKIT_CHECK(static_cast<int64_t>(info.st_size) >= bytes, path, " has shrunk from ", bytes, " to ", info.st_size,
+               " bytes while mapped: was it rewritten during training?");
+  };
+}
+
 Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path) {
   Dataset data;
+  data.mapped = true;
   data.features = map_npy(features_path);
+  const NpyHeader features_header = read_npy_header(features_path);
+  data.check_files = mapped_size_check(features_path, features_header.data_offset + features_header.data_bytes);
   DKIT_CHECK(data.features.dim() >= 1, features_path, ": a data set's inputs need a shape [N, ...], got a scalar");
   data.description = features_path + " (mapped): " + std::to_string(data.features.size(0)) + " samples of shape " +
                      shape_text(data.features.sizes().slice(1)) + ", " + dtype_name(data.features.scalar_type());
@@ -242,6 +254,12 @@ Dataset map_npy_dataset(const std::string& features_path, const std::string& lab
     return data;
   }
   data.labels = map_npy(labels_path);
+  const NpyHeader labels_header = read_npy_header(labels_path);
+  data.check_files = [features = std::move(data.check_files),
+                      labels = mapped_size_check(labels_path, labels_header.data_offset + labels_header.data_bytes)] {
+    features();
+    labels();
+  };
   DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), labels_path, " holds ",
              data.labels.dim() >= 1 ? data.labels.size(0) : 0, " labels, but ", features_path, " holds ",
              data.features.size(0), " samples: one label row per sample");

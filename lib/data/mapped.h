@@ -8,6 +8,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,8 +47,13 @@ at::Tensor map_npy(const std::string& path);
 /// A Dataset over memory-mapped `.npy` files: inputs `[N, ...]` from `features_path` and labels `[N, ...]` from
 /// `labels_path` (empty: none). A Loader gathers each batch's rows from the map into its buffers, so the data set is
 /// never copied whole; `uint8` images are converted and scaled per batch (LoaderOptions::features_dtype). Labels of a
-/// floating-point dtype, or a row count that differs from the inputs', are errors naming both files.
+/// floating-point dtype, or a row count that differs from the inputs', are errors naming both files. The data set is
+/// Dataset::mapped, and its Dataset::check_files checks both files before each epoch.
 Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path = "");
+
+/// A check for Dataset::check_files that the file at `path` still holds at least `bytes` bytes, as when it was
+/// mapped: a file that is gone or shorter is a dkit::Error naming it, where reading its pages would crash.
+std::function<void()> mapped_size_check(const std::string& path, int64_t bytes);
 
 /// The dtype of a raw token file's tokens.
 enum class TokenDtype {

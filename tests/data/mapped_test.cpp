@@ -6,6 +6,8 @@
 
 #include <fstream>
 
+#include <unistd.h>
+
 namespace dkit {
 namespace {
 
@@ -15,6 +17,16 @@ class MappedTest : public test::SeedingFixture {
  protected:
   static std::string npy(const std::string& name) {
     return test::fixture("npy/" + name);
+  }
+
+  // A copy of `mapped` in memory.
+  static Dataset in_memory(const Dataset& mapped) {
+    Dataset copied;
+    copied.features = mapped.features.clone();
+    copied.labels = mapped.labels.clone();
+    copied.num_classes = mapped.num_classes;
+    copied.description = "copied";
+    return copied;
   }
 };
 
@@ -37,7 +49,7 @@ TEST_F(MappedTest, ALoaderReadsAMappedDataSetAsTheSameTensorsInMemory) {
   const Dataset mapped = map_npy_dataset(npy("images.npy"), npy("labels.npy"));
   EXPECT_EQ(mapped.num_classes, 3);
   EXPECT_EQ(mapped.description, npy("images.npy") + " (mapped): 12 samples of shape [1, 4, 4], uint8, 3 classes");
-  Dataset copied{mapped.features.clone(), mapped.labels.clone(), 3, "copied"};
+  const Dataset copied = in_memory(mapped);
   const auto options = LoaderOptions(5).seed(4).placement(Placement::kPinned).features_dtype(at::kFloat)
                            .features_divisor(255);
   Loader from_map(mapped, cpu(), options);
@@ -53,6 +65,82 @@ TEST_F(MappedTest, ALoaderReadsAMappedDataSetAsTheSameTensorsInMemory) {
     ++batches;
   }
   EXPECT_EQ(batches, 3);
+}
+
+// split() of a mapped data set writes nothing: both parts list their rows of the file's arrays, and a Loader over
+// each gives the batches of the same split in memory.
+TEST_F(MappedTest, SplitOfAMappedDataSetListsRowsAndLoadsAsInMemory) {
+  Dataset mapped = map_npy_dataset(npy("images.npy"), npy("labels.npy"));
+  const void* file_data = mapped.features.data_ptr();
+  Dataset copied = in_memory(mapped);
+  const DatasetSplit from_map = split(std::move(mapped), 0.25, 3);
+  const DatasetSplit from_memory = split(std::move(copied), 0.25, 3);
+  ASSERT_EQ(from_map.train.size(), 9);
+  ASSERT_EQ(from_map.val.size(), 3);
+  EXPECT_EQ(from_map.train.features.data_ptr(), file_data);
+  EXPECT_TRUE(from_map.val.mapped);
+  EXPECT_TRUE(torch::equal(from_map.train.features.index_select(0, from_map.train.rows), from_memory.train.features));
+  EXPECT_TRUE(torch::equal(from_map.val.labels.index_select(0, from_map.val.rows), from_memory.val.labels));
+  for (const Placement placement : {Placement::kDevice, Placement::kPinned}) {
+    for (const bool shuffle : {true, false}) {
+      const auto options = LoaderOptions(4).seed(2).shuffle(shuffle).placement(placement);
+      Loader a(from_map.train, cpu(), options);
+      Loader b(from_memory.train, cpu(), options);
+      a.start_epoch(1);
+      b.start_epoch(1);
+      int batches = 0;
+      while (auto x = a.next()) {
+        auto y = b.next();
+        ASSERT_TRUE(y.has_value());
+        EXPECT_TRUE(torch::equal(x->features, y->features)) << to_string(placement) << " " << shuffle;
+        EXPECT_TRUE(torch::equal(x->labels, y->labels)) << to_string(placement) << " " << shuffle;
+        ++batches;
+      }
+      EXPECT_EQ(batches, 3);
+    }
+  }
+}
+
+// The streaming fit gives today's formula bitwise on a block of rows, and the same result over listed rows of an
+// array as over those rows copied, across several blocks.
+TEST_F(MappedTest, StreamingScalingIsTheSameForListedRowsAndCopies) {
+  const at::Tensor small = torch::randn({300, 40});
+  const Normalization fitted = fit_normalization(small, Scaling::kStandardize);
+  const at::Tensor x = small.to(at::kDouble);
+  const at::Tensor mean = x.mean(0);
+  EXPECT_TRUE(torch::equal(fitted.mean, mean.to(at::kFloat)));
+  EXPECT_TRUE(torch::equal(fitted.std, (x - mean).pow(2).mean(0).sqrt().to(at::kFloat)));
+
+  Dataset whole;
+  whole.features = torch::randn({140000, 3}).mul_(3).add_(1);
+  whole.mapped = true;
+  whole.rows = std::get<0>(torch::randperm(140000, at::kLong).narrow(0, 0, 130001).sort());
+  Dataset copy;
+  copy.features = whole.features.index_select(0, whole.rows);
+  for (const Scaling scaling : {Scaling::kStandardize, Scaling::kMinMax}) {
+    const Normalization a = fit_normalization(whole, scaling);
+    const Normalization b = fit_normalization(copy, scaling);
+    EXPECT_TRUE(torch::equal(a.mean, b.mean)) << to_string(scaling);
+    EXPECT_TRUE(torch::equal(a.std, b.std)) << to_string(scaling);
+  }
+  EXPECT_TRUE(torch::equal(fit_normalization(whole, Scaling::kMinMax).mean, copy.features.amin(0)));
+  EXPECT_TRUE(torch::allclose(fit_normalization(whole, Scaling::kStandardize).std,
+                              copy.features.std(0, /*unbiased=*/false), 1e-5));
+}
+
+// A file cut short while it is mapped would crash the reader with SIGBUS: each epoch starts by checking it.
+TEST_F(MappedTest, AFileThatShrinksWhileMappedStopsTheNextEpoch) {
+  test::TempDir tmp;
+  test::write_npy(tmp.file("x.npy"), torch::arange(40, at::kFloat).reshape({10, 4}));
+  test::write_npy(tmp.file("y.npy"), torch::arange(10, at::kLong).remainder(2));
+  Loader loader(map_npy_dataset(tmp.file("x.npy"), tmp.file("y.npy")), cpu(), LoaderOptions(5));
+  loader.start_epoch(0);
+  while (loader.next()) {
+  }
+  ASSERT_EQ(::truncate(tmp.file("y.npy").c_str(), 100), 0);
+  EXPECT_EQ(error_message([&] { loader.start_epoch(1); }),
+            tmp.file("y.npy") + " has shrunk from 208 to 100 bytes while mapped: was it rewritten during "
+            "training?");
 }
 
 TEST_F(MappedTest, BadFilesAreOneLineErrorsNamingThem) {
