@@ -6,9 +6,17 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cctype>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -311,7 +319,29 @@ void check_not_other_format(const std::string& path, const detail::ByteSource& f
              "torch.save before PyTorch 1.6 wrote (dkit picks a file's format by its extension: name it .pt)");
 }
 
-SafetensorsFile read_source(const detail::ByteSource& file, const std::string& path, const ReadOptions& options) {
+// A whole file mapped read-only, unmapped when the last tensor viewing it goes.
+std::shared_ptr<const char> map_file(const std::string& path, uint64_t expected_size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DKIT_CHECK(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  struct stat info {};
+  const bool sized = ::fstat(fd, &info) == 0;
+  const int stat_error = errno;
+  void* map = sized && static_cast<uint64_t>(info.st_size) == expected_size
+                  ? ::mmap(nullptr, expected_size, PROT_READ, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+  const int map_error = errno;
+  ::close(fd);
+  DKIT_CHECK(sized, "cannot read ", path, ": ", std::strerror(stat_error));
+  DKIT_CHECK(static_cast<uint64_t>(info.st_size) == expected_size, path, " changed while being read: it was ",
+             expected_size, " bytes, now ", info.st_size);
+  DKIT_CHECK(map != MAP_FAILED, "cannot map ", path, ": ", std::strerror(map_error));
+  return std::shared_ptr<const char>(static_cast<const char*>(map), [expected_size](const char* p) {
+    ::munmap(const_cast<char*>(p), expected_size);
+  });
+}
+
+SafetensorsFile read_source(const detail::ByteSource& file, const std::string& path, const ReadOptions& options,
+                            bool map = false) {
   const ReadLimits& limits = options.limits();
   const c10::Device device = options.map_location();
   const uint64_t size = file.size();
@@ -360,6 +390,15 @@ SafetensorsFile read_source(const detail::ByteSource& file, const std::string& p
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return natural_less(a.name, b.name); });
   result.tensors = StateDict("state dict key");
+  if (map) {
+    const std::shared_ptr<const char> mapped = map_file(path, size);
+    for (const Entry& entry : entries) {
+      void* data = const_cast<char*>(mapped.get() + data_start + entry.begin);
+      result.tensors.insert(entry.name, torch::from_blob(data, entry.shape, [mapped](void*) {},
+                                                         at::TensorOptions().dtype(entry.dtype)));
+    }
+    return result;
+  }
   for (const Entry& entry : entries) {
     at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
     DKIT_CHECK(file.read_exact(data_start + entry.begin, tensor.data_ptr(), static_cast<size_t>(entry.bytes)), path,
@@ -385,6 +424,12 @@ std::string header_text(const std::string& what, const std::string& text, const 
 SafetensorsFile read_safetensors(const std::string& path, const ReadOptions& options) {
   detail::check_map_location(path, options.map_location());
   return read_source(detail::FileSource(path), path, options);
+}
+
+SafetensorsFile map_safetensors(const std::string& path, const ReadOptions& options) {
+  DKIT_CHECK(options.map_location().is_cpu(), path, ": a mapped safetensors file stays on the CPU, not ",
+             options.map_location().str());
+  return read_source(detail::FileSource(path), path, options, /*map=*/true);
 }
 
 SafetensorsFile read_safetensors_bytes(std::string_view data, const std::string& source, const ReadOptions& options) {

@@ -53,6 +53,12 @@ struct SafetensorsFile {
 /// `options.map_location()`.
 SafetensorsFile read_safetensors(const std::string& path, const ReadOptions& options = {});
 
+/// Like read_safetensors(), but maps the file read-only rather than reading it: the tensors are CPU views of one
+/// shared mapping, whose pages the kernel reads when they are touched and may drop again, so that a file larger
+/// than memory takes none of the process's own. The header is checked the same way before anything is mapped;
+/// BOOL values are not, which would read every byte. The tensors must not be written.
+SafetensorsFile map_safetensors(const std::string& path, const ReadOptions& options = {});
+
 /// Like read_safetensors(), for a file already in memory (`data`); `source` names it in error messages where
 /// read_safetensors() names the file.
 SafetensorsFile read_safetensors_bytes(std::string_view data, const std::string& source,

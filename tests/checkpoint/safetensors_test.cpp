@@ -92,6 +92,20 @@ TEST_F(SafetensorsTest, ReadsWhatPythonWrote) {
             (SafetensorsMetadata{{"format", "pt"}, {"note", "state_dict.pt with input normalisation"}}));
 }
 
+// A mapped file gives the tensors a read gives, as views of one mapping of the file, checked the same way.
+TEST_F(SafetensorsTest, MapsWhatPythonWroteAsViewsOfTheFile) {
+  const SafetensorsFile mapped = map_safetensors(fixture("dtypes.safetensors"));
+  expect_same(mapped.tensors, dtype_tensors());
+  EXPECT_EQ(mapped.metadata, (SafetensorsMetadata{{"format", "pt"}}));
+  const auto* f32 = static_cast<const char*>(mapped.tensors["f32"].data_ptr());
+  const auto* f64 = static_cast<const char*>(mapped.tensors["f64"].data_ptr());
+  EXPECT_LT(std::abs(f32 - f64), 4096);
+  write_bytes(path_, read_file(fixture("dtypes.safetensors")).substr(0, 200));
+  EXPECT_EQ(error_message([&] { map_safetensors(path_); }), read_error(read_file(path_)));
+  EXPECT_EQ(error_message([] { map_safetensors(fixture("dtypes.safetensors"), ReadOptions().map_location(torch::kCUDA)); }),
+            fixture("dtypes.safetensors") + ": a mapped safetensors file stays on the CPU, not cuda");
+}
+
 TEST_F(SafetensorsTest, OrdersTensorsByNameWithNumbersComparedAsNumbers) {
   EXPECT_EQ(read_safetensors(fixture("dtypes.safetensors")).tensors.keys(),
             (std::vector<std::string>{"bf16", "bool", "empty", "f16", "f32", "f64", "i8", "i16", "i32", "i64",
