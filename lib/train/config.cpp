@@ -324,8 +324,9 @@ KeySpec enum_key(const char* name, Enum FullTrainConfig::*member, const EnumName
 // `data.path`: a path resolved at parse time, required unless the data is synthetic (so it follows data.source).
 KeySpec data_path_key() {
   KeySpec spec;
-  spec.doc = {"data.path", "path", "(required for csv, mnist)",
-              "the CSV file or IDX folder; relative to the config file's folder (to the current folder in `--set`)",
+  spec.doc = {"data.path", "path", "(required unless synthetic)",
+              "the CSV file, IDX folder, `.npy` file of inputs (or folder of `x.npy` and `y.npy`) or `.safetensors` "
+              "file; relative to the config file's folder (to the current folder in `--set`)",
               {}};
   spec.read = [](const YAML::Node& node, const Where& where) { return ConfigValue(read_path("data.path", node, where)); };
   spec.resolve = [](const TrainConfig& config, FullTrainConfig& full) {
@@ -340,6 +341,26 @@ KeySpec data_path_key() {
   spec.write = [](const FullTrainConfig& full, YAML::Emitter& out) {
     if (!full.data_path.empty()) {
       out << YAML::Key << "path" << YAML::Value << full.data_path;
+    }
+  };
+  return spec;
+}
+
+// `data.targets`: an optional path, which only data.source npy reads.
+KeySpec data_targets_key() {
+  KeySpec spec;
+  spec.doc = {"data.targets", "path", "(none)",
+              "npy only: the `.npy` file of integer labels when `data.path` is the `.npy` file of inputs", {}};
+  spec.read = [](const YAML::Node& node, const Where& where) {
+    return ConfigValue(read_path("data.targets", node, where));
+  };
+  spec.resolve = [](const TrainConfig& config, FullTrainConfig& full) {
+    const std::string* path = written<std::string>(config, "data.targets", "path");
+    full.data_targets = path == nullptr ? "" : *path;
+  };
+  spec.write = [](const FullTrainConfig& full, YAML::Emitter& out) {
+    if (!full.data_targets.empty()) {
+      out << YAML::Key << "targets" << YAML::Value << full.data_targets;
     }
   };
   return spec;
@@ -387,9 +408,11 @@ const std::vector<KeySpec>& key_specs() {
                                      "LibTorch's CPU threads; 0 uses every CPU this process may run on",
                                      at_least<int64_t>(0, "at least 0"))),
       enum_key("data.source", &C::data_source, kDataSourceNames, DataSource::kCsv,
-               "`csv` (numbers, one sample per line), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST) or "
-               "`synthetic` (seeded Gaussian blobs)"),
+               "`csv` (numbers, one sample per line), `mnist` (a folder of IDX files, MNIST or Fashion-MNIST), "
+               "`synthetic` (seeded Gaussian blobs), `npy` or `safetensors` (arrays mapped from disk, never loaded "
+               "whole)"),
       data_path_key(),
+      data_targets_key(),
       value_key<int64_t>("data.label_column", &C::label_column, -1,
                          "CSV column holding the integer class label; negative counts from the end"),
       value_key<bool>("data.header", &C::csv_header, false,

@@ -30,13 +30,20 @@ enum class DataSource {
   kMnist,
   /// Seeded Gaussian blobs (`data.samples`, `data.features`, `data.classes`).
   kSynthetic,
+  /// NumPy `.npy` arrays, memory-mapped: the inputs' file (`data.path`) and the labels' (`data.targets`), or a
+  /// folder holding `x.npy` and `y.npy`.
+  kNpy,
+  /// A safetensors file holding the tensors `x` (inputs) and `y` (labels), memory-mapped (`data.path`).
+  kSafetensors,
 };
 
 /// The name of each DataSource, as `data.source` spells it.
-inline constexpr EnumNames<DataSource, 3> kDataSourceNames = {{
+inline constexpr EnumNames<DataSource, 5> kDataSourceNames = {{
     {DataSource::kCsv, "csv"},
     {DataSource::kMnist, "mnist"},
     {DataSource::kSynthetic, "synthetic"},
+    {DataSource::kNpy, "npy"},
+    {DataSource::kSafetensors, "safetensors"},
 }};
 
 /// One value as a config file or `--set` wrote it, read as its key's type: `bool`, `int64_t` (int), `double`
@@ -75,6 +82,8 @@ struct FullTrainConfig {
   DataSource data_source;
   /// `data.path`, absolute; empty for synthetic data.
   std::string data_path;
+  /// `data.targets`, absolute; empty when not given.
+  std::string data_targets;
   /// `data.label_column` (negative counts from the end).
   int64_t label_column;
   /// `data.header`.

@@ -18,10 +18,26 @@
 
 namespace dkit {
 
-MlpTask::MlpTask(const FullTrainConfig& config, int64_t in_features, int64_t classes, Normalization normalization)
+namespace {
+
+// A batch of raw rows as the network takes it: float32 inputs scaled by `normalization`, int64 class indices.
+Batch scaled(const Batch& batch, const Normalization& normalization) {
+  Batch out = batch;
+  out.features = normalization.apply(batch.features.to(at::kFloat));
+  if (out.labels.defined()) {
+    out.labels = batch.labels.to(at::kLong);
+  }
+  return out;
+}
+
+} // namespace
+
+MlpTask::MlpTask(const FullTrainConfig& config, int64_t in_features, int64_t classes, Normalization normalization,
+                 bool scale_batches)
     : config_(config),
       model_(MlpOptions(in_features, config.hidden, classes).activation(config.activation).dropout(config.dropout)),
-      normalization_(std::move(normalization)) {}
+      normalization_(std::move(normalization)),
+      scale_batches_(scale_batches) {}
 
 MlpTask::~MlpTask() = default;
 
@@ -33,7 +49,9 @@ std::vector<std::string> MlpTask::metric_names() const {
   return {"accuracy"};
 }
 
-StepResult MlpTask::training_step(const Batch& batch) {
+StepResult MlpTask::training_step(const Batch& given) {
+  const Batch scaled_batch = scale_batches_ ? scaled(given, normalization_) : Batch();
+  const Batch& batch = scale_batches_ ? scaled_batch : given;
   const at::Tensor logits = model_->forward(batch.features);
   StepResult result;
   result.loss = torch::nn::functional::cross_entropy(logits.to(at::kFloat), batch.labels);
@@ -129,7 +147,9 @@ void MlpTask::on_train_start(const StepContext& context) {
                           updates));
 }
 
-std::optional<StepResult> MlpTask::take_step(const Batch& batch, const StepContext& context) {
+std::optional<StepResult> MlpTask::take_step(const Batch& given, const StepContext& context) {
+  const Batch scaled_batch = scale_batches_ ? scaled(given, normalization_) : Batch();
+  const Batch& batch = scale_batches_ ? scaled_batch : given;
   StepResult result;
   const auto rows = static_cast<double>(std::max<int64_t>(batch.size(), 1));
   if (!data_parallel_devices_.empty()) {
@@ -186,7 +206,7 @@ TrainSummary train_from_config(const FullTrainConfig& config, TrainerOptions opt
     }
     throw;
   }
-  MlpTask task(config, data->in_features, data->num_classes, data->normalization);
+  MlpTask task(config, data->in_features, data->num_classes, data->normalization, data->scale_batches);
   options.config_yaml(to_yaml(config)).data_checksum(data->checksum);
   return Trainer(std::move(options)).fit(task, std::move(data->train), std::move(data->val));
 }

@@ -22,8 +22,11 @@ class TrainStep;
 class MlpTask : public Task {
  public:
   /// The Mlp `config` describes for `in_features` inputs and `classes` classes, built now from LibTorch's default
-  /// generator; `normalization` is what training scales the inputs by, saved with each checkpoint.
-  MlpTask(const FullTrainConfig& config, int64_t in_features, int64_t classes, Normalization normalization);
+  /// generator; `normalization` is what training scales the inputs by, saved with each checkpoint. With
+  /// `scale_batches` (data mapped from files, left as they are) each batch is converted to float32 and int64 labels
+  /// and scaled on the device; otherwise the data must be scaled already.
+  MlpTask(const FullTrainConfig& config, int64_t in_features, int64_t classes, Normalization normalization,
+          bool scale_batches = false);
   ~MlpTask() override;
   MlpTask(const MlpTask&) = delete;
   MlpTask& operator=(const MlpTask&) = delete;
@@ -47,6 +50,7 @@ class MlpTask : public Task {
   FullTrainConfig config_;
   Mlp model_{nullptr};
   Normalization normalization_;
+  bool scale_batches_ = false;
   std::vector<Device> data_parallel_devices_;
   std::unique_ptr<TrainStep> step_;
 };

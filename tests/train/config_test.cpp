@@ -204,7 +204,8 @@ TEST_F(ConfigTest, ResolvedYamlReadsBackToTheSameConfig) {
 TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
   // A value other than the default for every key: what to_yaml() writes, parse_config() must read back.
   const std::vector<std::string> every_key = {
-      "device=cpu", "seed=5", "threads=1", "data.source=mnist", "data.path=/data/mnist", "data.label_column=2",
+      "device=cpu", "seed=5", "threads=1", "data.source=npy", "data.path=/data/x.npy", "data.targets=/data/y.npy",
+      "data.label_column=2",
       "data.header=true", "data.scaling=minmax", "data.val_fraction=0.125", "data.samples=100", "data.features=3", "data.classes=5",
       "model.hidden=[7, 5]", "model.activation=tanh", "model.dropout=0.5", "train.epochs=2", "train.max_steps=9",
       "train.batch_size=8", "train.lr=0.03", "train.optimizer=sgd", "train.precision=bf16", "train.momentum=0.5",
@@ -234,7 +235,8 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
   EXPECT_EQ(first.placement, Placement::kPageable);
   EXPECT_EQ(first.dist_backend, Backend::kGloo);
   EXPECT_EQ(first.activation, Activation::kTanh);
-  EXPECT_EQ(first.data_source, DataSource::kMnist);
+  EXPECT_EQ(first.data_source, DataSource::kNpy);
+  EXPECT_EQ(first.data_targets, "/data/y.npy");
   EXPECT_EQ(first.precision, Precision::kBFloat16);
 }
 
@@ -259,7 +261,7 @@ TEST_F(ConfigTest, ARenamedKeyIsReadUnderItsNewName) {
 TEST_F(ConfigTest, DocumentedDefaultsAreTheDefaults) {
   std::vector<std::string> defaults = {"data.source=synthetic"};
   for (const auto& key : config_keys()) {
-    if (key.name != "data.path" && key.name != "data.source") {
+    if (key.name != "data.path" && key.name != "data.targets" && key.name != "data.source") {
       defaults.push_back(key.name + "=" + key.default_value);
     }
   }
@@ -312,7 +314,7 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
     EXPECT_FALSE(key.meaning.empty()) << key.name;
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
   }
-  EXPECT_EQ(names.size(), 48u);
+  EXPECT_EQ(names.size(), 49u);
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {

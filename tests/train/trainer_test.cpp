@@ -1,5 +1,6 @@
 #include <dkit/train/trainer.h>
 
+#include <dkit/checkpoint/safetensors.h>
 #include <dkit/checkpoint/training_checkpoint.h>
 #include <dkit/model/mlp_file.h>
 #include <dkit/core/compat.h>
@@ -148,6 +149,47 @@ TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
       train(small_run(keys), tmp_.file("split"), found->checkpoint);
   EXPECT_EQ(rest.steps, 30);
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
+}
+
+// The same samples mapped from .npy files (int32 labels, a folder or two files) or a safetensors file train the same
+// weights bitwise as in memory: the same split, the same streaming scaling statistics, the scaling per batch.
+TEST_F(TrainerTest, MappedFilesTrainTheSameWeightsAsTheSameDataInMemory) {
+  const FullTrainConfig in_memory = small_run({"data.scaling=minmax"});
+  const Dataset data = make_synthetic(SyntheticOptions(200, 8, 3).seed(static_cast<uint64_t>(in_memory.seed)));
+  fs::create_directories(tmp_.file("npy"));
+  test::write_npy(tmp_.file("npy/x.npy"), data.features);
+  test::write_npy(tmp_.file("npy/y.npy"), data.labels.to(at::kInt));
+  test::write_npy(tmp_.file("labels.npy"), data.labels);
+  StateDict tensors("state dict key");
+  tensors.insert("x", data.features);
+  tensors.insert("y", data.labels);
+  write_safetensors(tmp_.file("data.safetensors"), tensors);
+
+  const TrainSummary expected = train(in_memory, tmp_.file("memory"));
+  const std::vector<std::vector<std::string>> mapped = {
+      {"data.source=npy", "data.path=" + tmp_.file("npy")},
+      {"data.source=npy", "data.path=" + tmp_.file("npy/x.npy"), "data.targets=" + tmp_.file("labels.npy")},
+      {"data.source=safetensors", "data.path=" + tmp_.file("data.safetensors")}};
+  for (size_t i = 0; i < mapped.size(); ++i) {
+    auto keys = mapped[i];
+    keys.push_back("data.scaling=minmax");
+    const TrainSummary got = train(small_run(keys), tmp_.file("mapped" + std::to_string(i)));
+    EXPECT_EQ(got.steps, expected.steps);
+    expect_bitwise_equal(final_weights(tmp_.file("memory")), final_weights(tmp_.file("mapped" + std::to_string(i))));
+  }
+  EXPECT_EQ(error_message([&] {
+              train(small_run({"data.source=npy", "data.path=" + tmp_.file("npy/x.npy")}), tmp_.file("bad"));
+            }),
+            "config key 'data.targets' is required when data.path is a .npy file (" + tmp_.file("npy/x.npy") +
+                "): name the .npy file of labels, or make data.path a folder of x.npy and y.npy");
+  StateDict only_x("state dict key");
+  only_x.insert("x", data.features);
+  write_safetensors(tmp_.file("x.safetensors"), only_x);
+  EXPECT_EQ(error_message([&] {
+              train(small_run({"data.source=safetensors", "data.path=" + tmp_.file("x.safetensors")}),
+                    tmp_.file("bad"));
+            }),
+            tmp_.file("x.safetensors") + " has no tensor 'y' (the labels); it holds 'x'");
 }
 
 TEST_F(TrainerTest, ResumeWithTheWrittenOutBackwardAndFusedAdamIsBitwiseExact) {

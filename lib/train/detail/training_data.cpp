@@ -1,15 +1,87 @@
 #include <dkit/train/detail/training_data.h>
 
-#include <c10/util/Exception.h>
+#include <dkit/checkpoint/safetensors.h>
+#include <dkit/core/error.h>
+#include <dkit/core/format.h>
+#include <dkit/data/mapped.h>
 
+#include <c10/util/Exception.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <iomanip>
 #include <sstream>
 
 namespace dkit::detail {
 namespace {
 
+Dataset map_npy_files(const FullTrainConfig& c) {
+  if (std::filesystem::is_directory(c.data_path)) {
+    DKIT_CHECK(c.data_targets.empty(), "config key 'data.targets' (", c.data_targets, ") cannot be used when "
+               "data.path is a folder (", c.data_path, "): the folder's y.npy holds the labels");
+    return map_npy_dataset((std::filesystem::path(c.data_path) / "x.npy").string(),
+                           (std::filesystem::path(c.data_path) / "y.npy").string());
+  }
+  DKIT_CHECK(!c.data_targets.empty(), "config key 'data.targets' is required when data.path is a .npy file (",
+             c.data_path, "): name the .npy file of labels, or make data.path a folder of x.npy and y.npy");
+  return map_npy_dataset(c.data_path, c.data_targets);
+}
+
+Dataset map_safetensors_file(const std::string& path) {
+  SafetensorsFile file = map_safetensors(path);
+  const auto tensor = [&](const char* name, const char* what) {
+    const at::Tensor* found = file.tensors.find(name);
+    if (found == nullptr) {
+      std::string names;
+      for (const auto& key : file.tensors.keys()) {
+        names += (names.empty() ? "'" : ", '") + key + "'";
+      }
+      throw Error(concat(path, " has no tensor '", name, "' (the ", what, "); it holds ",
+                         names.empty() ? "none" : names));
+    }
+    return *found;
+  };
+  Dataset data;
+  data.mapped = true;
+  data.features = tensor("x", "inputs");
+  data.labels = tensor("y", "labels");
+  struct stat info {};
+  DKIT_CHECK(::stat(path.c_str(), &info) == 0, "cannot read ", path);
+  data.check_files = mapped_size_check(path, static_cast<int64_t>(info.st_size));
+  DKIT_CHECK(data.features.dim() >= 1, path, ": tensor 'x' is a scalar; a data set's inputs need a shape [N, ...]");
+  DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), path, ": tensor 'y' holds ",
+             data.labels.dim() >= 1 ? data.labels.size(0) : 0, " labels, but tensor 'x' holds ",
+             data.features.size(0), " samples: one label per sample");
+  DKIT_CHECK(at::isIntegralType(data.labels.scalar_type(), /*includeBool=*/false), path, ": tensor 'y' holds ",
+             dtype_name(data.labels.scalar_type()), " labels: class indices must be integers");
+  if (data.labels.numel() > 0) {
+    DKIT_CHECK(data.labels.min().item<int64_t>() >= 0, path, ": tensor 'y' holds a negative class index");
+    data.num_classes = data.labels.max().item<int64_t>() + 1;
+  }
+  data.description = concat(path, " (mapped): ", data.features.size(0), " samples of shape ",
+                            data.features.sizes().slice(1), ", ", dtype_name(data.features.scalar_type()), ", ",
+                            data.num_classes, " classes");
+  return data;
+}
+
+// The data as the MLP reads it: inputs [N, F] (a view of images [N, ...]) and one class index per sample.
+Dataset for_mlp(Dataset data, const std::string& path) {
+  DKIT_CHECK(!data.labels.defined() || data.labels.dim() == 1 ||
+                 (data.labels.dim() == 2 && data.labels.size(1) == 1),
+             path, ": the labels have shape ", data.labels.sizes(), "; dkit train needs one class index per sample");
+  if (data.labels.defined() && data.labels.dim() == 2) {
+    data.labels = data.labels.view({-1});
+  }
+  if (data.features.dim() != 2) {
+    data.features = data.features.reshape({data.features.size(0), -1});
+  }
+  return data;
+}
+
 Dataset load_data(const FullTrainConfig& c) {
   switch (c.data_source) {
+    case DataSource::kNpy: return for_mlp(map_npy_files(c), c.data_path);
+    case DataSource::kSafetensors: return for_mlp(map_safetensors_file(c.data_path), c.data_path);
     case DataSource::kCsv: return read_csv(c.data_path, CsvOptions().label_column(c.label_column).header(c.csv_header));
     case DataSource::kMnist: return read_mnist(c.data_path, /*train=*/true);
     case DataSource::kSynthetic:
@@ -28,12 +100,15 @@ TrainingData::TrainingData(const FullTrainConfig& config) {
     description = all.description;
     checksum = data_checksum(all);
     num_classes = all.num_classes;
+    scale_batches = all.mapped;
     parts = split(std::move(all), config.val_fraction, static_cast<uint64_t>(config.seed));
   }
-  normalization = fit_normalization(parts.train.features, config.scaling);
-  normalization.apply_(parts.train.features);
-  if (parts.val.size() > 0) {
-    normalization.apply_(parts.val.features);
+  normalization = fit_normalization(parts.train, config.scaling);
+  if (!scale_batches) {
+    normalization.apply_(parts.train.features);
+    if (parts.val.size() > 0) {
+      normalization.apply_(parts.val.features);
+    }
   }
   in_features = parts.train.num_features();
   train = std::move(parts.train);

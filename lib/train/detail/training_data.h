@@ -8,8 +8,8 @@
 
 namespace dkit::detail {
 
-/// The data `dkit train`'s config names, ready to train on: read, checksummed, split, and normalised with the
-/// training part's statistics.
+/// The data `dkit train`'s config names, ready to train on: read (or mapped), checksummed, split, and normalised
+/// with the training part's statistics (in place in memory; per batch for mapped data).
 struct TrainingData {
   /// Reads and prepares the data `config` names.
   explicit TrainingData(const FullTrainConfig& config);
@@ -28,6 +28,9 @@ struct TrainingData {
   Dataset train;
   /// The normalised validation part; empty (`[0, F]`) when `data.val_fraction` is 0.
   Dataset val;
+  /// Whether the parts are mapped files left as they are: each batch is then converted to float32, and scaled by
+  /// `normalization`, after it reaches the device.
+  bool scale_batches = false;
 };
 
 /// `data.features` and `data.labels` hashed with FNV-1a 64, as `fnv1a64:` and 16 hex digits.
