@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kSyntheticTag = 0x73796e7468657469;
 constexpr uint64_t kSplitTag = 0x73706c6974746572;
+constexpr uint64_t kBlockTag = 0x626c6f636b6f7264;
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -673,6 +674,30 @@ Normalization fit_normalization(const Dataset& data, Scaling scaling) {
 
 uint64_t order_seed(uint64_t seed, int64_t epoch) {
   return splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch)));
+}
+
+at::Tensor block_order(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch) {
+  DKIT_CHECK(block >= 1 && window >= 1, "block shuffling needs a block and a window of at least 1, got ", block,
+             " and ", window);
+  TORCH_CHECK(n >= 0, "block_order needs n >= 0, got ", n);
+  at::Generator generator = seeded_generator(splitmix64(order_seed(seed, epoch) ^ kBlockTag));
+  const int64_t blocks = (n + block - 1) / block;
+  const at::Tensor block_sequence = at::randperm(blocks, generator, at::TensorOptions().dtype(at::kLong));
+  const int64_t* sequence = block_sequence.data_ptr<int64_t>();
+  at::Tensor order = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  int64_t* out = order.data_ptr<int64_t>();
+  int64_t filled = 0;
+  for (int64_t first = 0; first < blocks; first += window) {
+    const int64_t start = filled;
+    for (int64_t b = first; b < std::min(blocks, first + window); ++b) {
+      for (int64_t i = sequence[b] * block; i < std::min(n, (sequence[b] + 1) * block); ++i) {
+        out[filled++] = i;
+      }
+    }
+    const at::Tensor run = order.narrow(0, start, filled - start);
+    run.copy_(run.index_select(0, at::randperm(filled - start, generator, at::TensorOptions().dtype(at::kLong))));
+  }
+  return order;
 }
 
 at::Tensor sample_order(int64_t n, uint64_t seed, int64_t epoch) {

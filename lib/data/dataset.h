@@ -177,6 +177,11 @@ Normalization fit_normalization(const Dataset& data, Scaling scaling);
 /// with the same LibTorch version.
 uint64_t order_seed(uint64_t seed, int64_t epoch);
 
+/// The order of block shuffling in `epoch`: the blocks of `block` neighbouring samples of `0..n-1` (the last may be
+/// short) in a seeded order, then the samples of each run of `window` consecutive blocks of that order shuffled
+/// together. Like sample_order() it depends only on its arguments; a disk then reads runs of neighbouring rows.
+at::Tensor block_order(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch);
+
 /// The order in which the samples `0..n-1` are visited in `epoch`: an int64 permutation `[n]` on the CPU that
 /// depends only on `seed` and `epoch` (LibTorch's `randperm` with a CPU generator seeded by order_seed()), so
 /// every process of a multi-process run computes the same one whatever their number.

@@ -255,6 +255,9 @@ struct Loader::Impl {
     DKIT_CHECK(options.world_size() >= 1, "loader world_size must be at least 1, got ", options.world_size());
     DKIT_CHECK(options.rank() >= 0 && options.rank() < options.world_size(), "loader rank ", options.rank(),
                " is out of range for world_size ", options.world_size());
+    DKIT_CHECK(options.shuffle_block() >= 0 && options.shuffle_window() >= 1,
+               "loader shuffle_block must be at least 0 and shuffle_window at least 1, got ", options.shuffle_block(),
+               " and ", options.shuffle_window());
     DKIT_CHECK(options.features_divisor() != 0 && std::isfinite(options.features_divisor()),
                "loader features_divisor must be a finite number other than 0, got ", options.features_divisor());
     DKIT_CHECK(is_available(device), "loader device '", device.str(),
@@ -447,8 +450,13 @@ struct Loader::Impl {
     if (data.check_files) {
       data.check_files();
     }
-    order = options.shuffle() ? sample_order(n, options.seed(), new_epoch)
-                              : at::arange(n, at::TensorOptions().dtype(at::kLong));
+    if (!options.shuffle()) {
+      order = at::arange(n, at::TensorOptions().dtype(at::kLong));
+    } else if (options.shuffle_block() > 0) {
+      order = block_order(n, options.shuffle_block(), options.shuffle_window(), options.seed(), new_epoch);
+    } else {
+      order = sample_order(n, options.seed(), new_epoch);
+    }
 #if DKIT_WITH_CUDA
     if (placement == Placement::kDevice && device.is_cuda() && options.shuffle()) {
       device_order = at::empty({n}, at::TensorOptions().dtype(at::kLong).device(device));

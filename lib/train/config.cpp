@@ -526,6 +526,10 @@ const std::vector<KeySpec>& key_specs() {
                                      {[](int64_t prefetch) { return prefetch >= 1 && prefetch <= 64; }, "in [1, 64]"})),
       trainer_key(value_key<bool>("loader.shuffle", &C::shuffle, trainer_defaults().shuffle(),
                                   "a new sample order each epoch, from `seed` and the epoch")),
+      trainer_key(value_key<int64_t>("loader.shuffle_block", &C::shuffle_block, trainer_defaults().shuffle_block(),
+                                     "0 shuffles single samples; N > 0 shuffles blocks of N neighbouring samples, then "
+                                     "the samples of each 16 blocks together: long reads from a slow disk",
+                                     at_least<int64_t>(0, "at least 0"))),
       trainer_key(value_key<bool>("loader.drop_last", &C::drop_last, trainer_defaults().drop_last(),
                                   "skip the last batch of an epoch when it is short")),
       trainer_key(enum_key("dist.backend", &C::dist_backend, kBackendNames, trainer_defaults().dist_backend(),
@@ -755,6 +759,7 @@ void trainer_fields(FullTrainConfig& c, TrainerOptions& o, Copy copy) {
   copy(c.placement, o.placement());
   copy(c.prefetch, o.prefetch());
   copy(c.shuffle, o.shuffle());
+  copy(c.shuffle_block, o.shuffle_block());
   copy(c.drop_last, o.drop_last());
   copy(c.dist_backend, o.dist_backend());
   copy(c.dist_timeout, o.dist_timeout());

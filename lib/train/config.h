@@ -163,6 +163,8 @@ struct FullTrainConfig {
   Placement placement;
   /// `loader.prefetch`.
   int64_t prefetch;
+  /// `loader.shuffle_block` (0: single samples).
+  int64_t shuffle_block;
   /// `loader.shuffle`.
   bool shuffle;
   /// `loader.drop_last`.

@@ -303,6 +303,7 @@ struct Trainer::Impl {
   LoaderOptions loader_options(bool training) const {
     return LoaderOptions(options.batch_size())
         .shuffle(training && options.shuffle())
+        .shuffle_block(options.shuffle_block())
         .drop_last(training && options.drop_last())
         .placement(options.placement())
         .prefetch(options.prefetch())

@@ -196,6 +196,9 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, prefetch) = 2;
   /// A new sample order each epoch, from `seed` and the epoch.
   TORCH_ARG(bool, shuffle) = true;
+  /// Shuffles blocks of this many neighbouring samples when above 0 (LoaderOptions::shuffle_block), for data mapped
+  /// from a disk where random reads are slow; 0 shuffles single samples.
+  TORCH_ARG(int64_t, shuffle_block) = 0;
   /// Skips the last batch of an epoch when it is short.
   TORCH_ARG(bool, drop_last) = false;
   /// Clips the gradients' global L2 norm to this before each optimizer step, as `torch.nn.utils.clip_grad_norm_`:

@@ -128,6 +128,43 @@ TEST_F(MappedTest, StreamingScalingIsTheSameForListedRowsAndCopies) {
                               copy.features.std(0, /*unbiased=*/false), 1e-5));
 }
 
+// Block shuffling visits every sample once, block by block within each window, in an order that depends only on
+// its arguments; a Loader resumed in the middle of an epoch gives the rest of the same batches.
+TEST_F(MappedTest, BlockShufflingVisitsEverySampleAndResumesExactly) {
+  const at::Tensor order = block_order(1000, 64, 4, 7, 2);
+  EXPECT_TRUE(torch::equal(std::get<0>(order.sort()), torch::arange(1000, at::kLong)));
+  EXPECT_TRUE(torch::equal(order, block_order(1000, 64, 4, 7, 2)));
+  EXPECT_FALSE(torch::equal(order, block_order(1000, 64, 4, 7, 3)));
+  EXPECT_FALSE(torch::equal(order, std::get<0>(order.sort())));
+  const at::Tensor full_blocks = block_order(1024, 64, 4, 7, 2);
+  for (int64_t window = 0; window < 4; ++window) {
+    const at::Tensor blocks = full_blocks.narrow(0, window * 256, 256).div(64, "floor");
+    EXPECT_EQ(std::get<0>(at::_unique(blocks)).size(0), 4) << window;
+  }
+  EXPECT_EQ(error_message([] { block_order(10, 0, 4, 0, 0); }),
+            "block shuffling needs a block and a window of at least 1, got 0 and 4");
+
+  test::TempDir tmp;
+  test::write_npy(tmp.file("x.npy"), torch::arange(300, at::kFloat).reshape({100, 3}));
+  test::write_npy(tmp.file("y.npy"), torch::arange(100, at::kLong));
+  const Dataset data = map_npy_dataset(tmp.file("x.npy"), tmp.file("y.npy"));
+  const auto options = LoaderOptions(8).seed(5).shuffle_block(16).shuffle_window(2).placement(Placement::kPinned);
+  const auto epoch = [&](const LoaderOptions& o, int64_t skip) {
+    Loader loader(data, cpu(), o);
+    loader.start_epoch(1, skip);
+    std::vector<int64_t> labels;
+    while (auto batch = loader.next()) {
+      const auto values = test::int64s(batch->labels);
+      labels.insert(labels.end(), values.begin(), values.end());
+    }
+    return labels;
+  };
+  const std::vector<int64_t> whole = epoch(options, 0);
+  const std::vector<int64_t> expected(test::int64s(block_order(100, 16, 2, 5, 1)));
+  EXPECT_EQ(whole, expected);
+  EXPECT_EQ(epoch(options, 5), std::vector<int64_t>(whole.begin() + 40, whole.end()));
+}
+
 // A file cut short while it is mapped would crash the reader with SIGBUS: each epoch starts by checking it.
 TEST_F(MappedTest, AFileThatShrinksWhileMappedStopsTheNextEpoch) {
   test::TempDir tmp;

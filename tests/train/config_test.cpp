@@ -215,7 +215,8 @@ TEST_F(ConfigTest, EveryKeyRoundTripsThroughTheResolvedYaml) {
       "train.save_top_k=2", "train.early_stopping_patience=3", "train.early_stopping_min_delta=0.01",
       "train.log_every=4", "train.checkpoint_every=6", "train.keep_checkpoints=1",
       "train.tensorboard=true",
-      "loader.placement=pageable", "loader.prefetch=3", "loader.shuffle=false", "loader.drop_last=true",
+      "loader.placement=pageable", "loader.prefetch=3", "loader.shuffle=false", "loader.shuffle_block=64",
+      "loader.drop_last=true",
       "dist.backend=gloo", "dist.timeout=9", "dist.data_parallel=true"};
   ASSERT_EQ(every_key.size(), config_keys().size());
   const TrainConfig written = parse_config("", "test.yaml", "/base", every_key);
@@ -314,7 +315,7 @@ TEST_F(ConfigTest, EveryKeyIsDocumented) {
     EXPECT_FALSE(key.meaning.empty()) << key.name;
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
   }
-  EXPECT_EQ(names.size(), 49u);
+  EXPECT_EQ(names.size(), 50u);
 }
 
 TEST_F(ConfigTest, ReadmeDocumentsEveryKeyWithItsTypeAndDefault) {
