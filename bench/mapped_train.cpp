@@ -2,14 +2,19 @@
 // samples/s and the process's peak anonymous memory (RssAnon, sampled at every metrics flush): what
 // bench/mapped_memory.sh measures inside a memory cgroup smaller than the file.
 //
-//   dkit_mapped_train mapped|memory X.npy Y.npy [BATCH]
+//   dkit_mapped_train mapped|memory X.npy Y.npy [BATCH] [SHUFFLE_BLOCK]
+//   dkit_mapped_train read|read-in-order X.npy Y.npy [BATCH] [SHUFFLE_BLOCK]
 //
-// X.npy holds uint8 inputs [N, F], Y.npy int64 labels [N] (scripts/make_npy_dataset.py writes both).
+// X.npy holds uint8 inputs [N, F], Y.npy int64 labels [N] (scripts/make_npy_dataset.py writes both). `read` and
+// `read-in-order` train nothing: they time a Loader's pass over the mapped file, shuffled (by blocks of
+// SHUFFLE_BLOCK samples when above 0) or in file order, and print the rate they read inputs at, to set beside `dd`'s
+// on the same file with a cold page cache. SHUFFLE_BLOCK also shuffles `mapped` training by blocks.
 #include <dkit/dkit.h>
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -31,13 +36,36 @@ int64_t rss_anon() {
 } // namespace
 
 int main(int argc, char** argv) try {
-  DKIT_CHECK(argc == 4 || argc == 5, "usage: dkit_mapped_train mapped|memory X.npy Y.npy [BATCH]");
+  DKIT_CHECK(argc >= 4 && argc <= 6,
+             "usage: dkit_mapped_train mapped|memory|read|read-in-order X.npy Y.npy [BATCH] [SHUFFLE_BLOCK]");
   const std::string how = argv[1];
-  DKIT_CHECK(how == "mapped" || how == "memory", "dkit_mapped_train: mapped or memory, got '", how, "'");
-  const int64_t batch = argc == 5 ? std::stoll(argv[4]) : 256;
+  DKIT_CHECK(how == "mapped" || how == "memory" || how == "read" || how == "read-in-order",
+             "dkit_mapped_train: mapped, memory, read or read-in-order, got '", how, "'");
+  const int64_t batch = argc >= 5 ? std::stoll(argv[4]) : 256;
+  const int64_t shuffle_block = argc >= 6 ? std::stoll(argv[5]) : 0;
   torch::manual_seed(0);
   int64_t peak = rss_anon();
   dkit::Dataset data = dkit::map_npy_dataset(argv[2], argv[3]);
+  if (how == "read" || how == "read-in-order") {
+    dkit::Loader loader(data, dkit::cpu(),
+                        dkit::LoaderOptions(batch)
+                            .shuffle(how == "read")
+                            .shuffle_block(shuffle_block)
+                            .placement(dkit::Placement::kPinned));
+    const auto start = std::chrono::steady_clock::now();
+    loader.start_epoch(0);
+    int64_t bytes = 0;
+    while (auto next = loader.next()) {
+      bytes += next->features.numel() * next->features.element_size();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << how << (shuffle_block > 0 ? " by blocks of " + std::to_string(shuffle_block) : std::string())
+              << ": " << bytes / (1024 * 1024) << " MiB of inputs in " << seconds << " s, "
+              << static_cast<int64_t>(static_cast<double>(bytes) / seconds / (1024 * 1024)) << " MiB/s, "
+              << static_cast<int64_t>(static_cast<double>(data.size()) / seconds) << " samples/s, peak RssAnon "
+              << std::max(peak, rss_anon()) / (1024 * 1024) << " MiB\n";
+    return 0;
+  }
   if (how == "memory") {
     data.features = data.features.clone();
     data.labels = data.labels.clone();
@@ -54,6 +82,7 @@ int main(int argc, char** argv) try {
   options.device("cpu")
       .epochs(1)
       .batch_size(batch)
+      .shuffle_block(shuffle_block)
       .log_every(100)
       .checkpoint_every(0)
       .placement(dkit::Placement::kPinned)
