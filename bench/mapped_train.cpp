@@ -2,13 +2,14 @@
 // samples/s and the process's peak anonymous memory (RssAnon, sampled at every metrics flush): what
 // bench/mapped_memory.sh measures inside a memory cgroup smaller than the file.
 //
-//   dkit_mapped_train mapped|memory X.npy Y.npy [BATCH] [SHUFFLE_BLOCK]
-//   dkit_mapped_train read|read-in-order X.npy Y.npy [BATCH] [SHUFFLE_BLOCK]
+//   dkit_mapped_train mapped|memory X.npy Y.npy [BATCH] [SHUFFLE_BLOCK] [SECONDS]
+//   dkit_mapped_train read|read-in-order X.npy Y.npy [BATCH] [SHUFFLE_BLOCK] [SECONDS]
 //
 // X.npy holds uint8 inputs [N, F], Y.npy int64 labels [N] (scripts/make_npy_dataset.py writes both). `read` and
 // `read-in-order` train nothing: they time a Loader's pass over the mapped file, shuffled (by blocks of
 // SHUFFLE_BLOCK samples when above 0) or in file order, and print the rate they read inputs at, to set beside `dd`'s
-// on the same file with a cold page cache. SHUFFLE_BLOCK also shuffles `mapped` training by blocks.
+// on the same file with a cold page cache. SHUFFLE_BLOCK also shuffles `mapped` training by blocks. SECONDS (0: no
+// limit) ends a run early, for passes that random reads from a disk make too slow to finish.
 #include <dkit/dkit.h>
 
 #include <torch/torch.h>
@@ -36,13 +37,14 @@ int64_t rss_anon() {
 } // namespace
 
 int main(int argc, char** argv) try {
-  DKIT_CHECK(argc >= 4 && argc <= 6,
-             "usage: dkit_mapped_train mapped|memory|read|read-in-order X.npy Y.npy [BATCH] [SHUFFLE_BLOCK]");
+  DKIT_CHECK(argc >= 4 && argc <= 7, "usage: dkit_mapped_train mapped|memory|read|read-in-order X.npy Y.npy [BATCH] "
+             "[SHUFFLE_BLOCK] [SECONDS]");
   const std::string how = argv[1];
   DKIT_CHECK(how == "mapped" || how == "memory" || how == "read" || how == "read-in-order",
              "dkit_mapped_train: mapped, memory, read or read-in-order, got '", how, "'");
   const int64_t batch = argc >= 5 ? std::stoll(argv[4]) : 256;
   const int64_t shuffle_block = argc >= 6 ? std::stoll(argv[5]) : 0;
+  const double limit = argc >= 7 ? std::stod(argv[6]) : 0.0;
   torch::manual_seed(0);
   int64_t peak = rss_anon();
   dkit::Dataset data = dkit::map_npy_dataset(argv[2], argv[3]);
@@ -55,14 +57,19 @@ int main(int argc, char** argv) try {
     const auto start = std::chrono::steady_clock::now();
     loader.start_epoch(0);
     int64_t bytes = 0;
+    int64_t samples = 0;
     while (auto next = loader.next()) {
       bytes += next->features.numel() * next->features.element_size();
+      samples += next->size();
+      if (limit > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit) {
+        break;
+      }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << how << (shuffle_block > 0 ? " by blocks of " + std::to_string(shuffle_block) : std::string())
               << ": " << bytes / (1024 * 1024) << " MiB of inputs in " << seconds << " s, "
               << static_cast<int64_t>(static_cast<double>(bytes) / seconds / (1024 * 1024)) << " MiB/s, "
-              << static_cast<int64_t>(static_cast<double>(data.size()) / seconds) << " samples/s, peak RssAnon "
+              << static_cast<int64_t>(static_cast<double>(samples) / seconds) << " samples/s, peak RssAnon "
               << std::max(peak, rss_anon()) / (1024 * 1024) << " MiB\n";
     return 0;
   }
@@ -83,6 +90,7 @@ int main(int argc, char** argv) try {
       .epochs(1)
       .batch_size(batch)
       .shuffle_block(shuffle_block)
+      .max_time(limit)
       .log_every(100)
       .checkpoint_every(0)
       .placement(dkit::Placement::kPinned)
