@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
 
 namespace dkit {
 namespace {
@@ -157,6 +158,23 @@ NpyHeader read_header(const ReadOnlyFile& file, const std::string& path) {
   return parse_npy_header(head, file.size(), path);
 }
 
+// The array of the .npy file at `path`, mapped, and the check that the file keeps the bytes that were mapped.
+std::pair<at::Tensor, std::function<void()>> map_checked_npy(const std::string& path) {
+  const ReadOnlyFile file(path);
+  const NpyHeader header = read_header(file, path);
+  std::function<void()> check = mapped_size_check(path, header.data_offset + header.data_bytes);
+  const auto options = torch::TensorOptions().dtype(header.dtype);
+  if (header.data_bytes == 0) {
+    return {torch::empty(header.shape, options), std::move(check)};
+  }
+  const auto length = static_cast<size_t>(header.data_offset + header.data_bytes);
+  void* map = file.map(length, path);
+  char* data = static_cast<char*>(map) + header.data_offset;
+  return {torch::from_blob(
+              data, header.shape, [map, length](void*) { ::munmap(map, length); }, options),
+          std::move(check)};
+}
+
 } // namespace
 
 NpyHeader parse_npy_header(std::string_view bytes, int64_t file_size, const std::string& source) {
@@ -219,17 +237,7 @@ NpyHeader read_npy_header(const std::string& path) {
 }
 
 at::Tensor map_npy(const std::string& path) {
-  const ReadOnlyFile file(path);
-  const NpyHeader header = read_header(file, path);
-  const auto options = torch::TensorOptions().dtype(header.dtype);
-  if (header.data_bytes == 0) {
-    return torch::empty(header.shape, options);
-  }
-  const auto length = static_cast<size_t>(header.data_offset + header.data_bytes);
-  void* map = file.map(length, path);
-  char* data = static_cast<char*>(map) + header.data_offset;
-  return torch::from_blob(
-      data, header.shape, [map, length](void*) { ::munmap(map, length); }, options);
+  return map_checked_npy(path).first;
 }
 
 std::function<void()> mapped_size_check(const std::string& path, int64_t bytes) {
@@ -241,36 +249,43 @@ std::function<void()> mapped_size_check(const std::string& path, int64_t bytes) 
   };
 }
 
-Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path) {
+Dataset mapped_dataset(at::Tensor features, at::Tensor labels, const std::string& features_name,
+                       const std::string& labels_name, std::function<void()> check_files) {
   Dataset data;
   data.mapped = true;
-  data.features = map_npy(features_path);
-  const NpyHeader features_header = read_npy_header(features_path);
-  data.check_files = mapped_size_check(features_path, features_header.data_offset + features_header.data_bytes);
-  DKIT_CHECK(data.features.dim() >= 1, features_path, ": a data set's inputs need a shape [N, ...], got a scalar");
-  data.description = features_path + " (mapped): " + std::to_string(data.features.size(0)) + " samples of shape " +
+  data.features = std::move(features);
+  data.check_files = std::move(check_files);
+  DKIT_CHECK(data.features.dim() >= 1, features_name, ": a data set's inputs need a shape [N, ...], got a scalar");
+  data.description = features_name + " (mapped): " + std::to_string(data.features.size(0)) + " samples of shape " +
                      shape_text(data.features.sizes().slice(1)) + ", " + dtype_name(data.features.scalar_type());
-  if (labels_path.empty()) {
+  if (!labels.defined()) {
     return data;
   }
-  data.labels = map_npy(labels_path);
-  const NpyHeader labels_header = read_npy_header(labels_path);
-  data.check_files = [features = std::move(data.check_files),
-                      labels = mapped_size_check(labels_path, labels_header.data_offset + labels_header.data_bytes)] {
-    features();
-    labels();
-  };
-  DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), labels_path, " holds ",
-             data.labels.dim() >= 1 ? data.labels.size(0) : 0, " labels, but ", features_path, " holds ",
+  data.labels = std::move(labels);
+  DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), labels_name, " holds ",
+             data.labels.dim() >= 1 ? data.labels.size(0) : 0, " labels, but ", features_name, " holds ",
              data.features.size(0), " samples: one label row per sample");
-  DKIT_CHECK(at::isIntegralType(data.labels.scalar_type(), /*includeBool=*/false), labels_path, " holds ",
+  DKIT_CHECK(at::isIntegralType(data.labels.scalar_type(), /*includeBool=*/false), labels_name, " holds ",
              dtype_name(data.labels.scalar_type()), " labels: class indices must be integers");
   if (data.labels.numel() > 0) {
-    DKIT_CHECK(data.labels.min().item<int64_t>() >= 0, labels_path, " holds a negative class index");
+    DKIT_CHECK(data.labels.min().item<int64_t>() >= 0, labels_name, " holds a negative class index");
     data.num_classes = data.labels.max().item<int64_t>() + 1;
   }
   data.description += ", " + std::to_string(data.num_classes) + " classes";
   return data;
+}
+
+Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path) {
+  auto [features, features_check] = map_checked_npy(features_path);
+  if (labels_path.empty()) {
+    return mapped_dataset(std::move(features), at::Tensor(), features_path, labels_path, std::move(features_check));
+  }
+  auto [labels, labels_check] = map_checked_npy(labels_path);
+  return mapped_dataset(std::move(features), std::move(labels), features_path, labels_path,
+                        [features_check = std::move(features_check), labels_check = std::move(labels_check)] {
+                          features_check();
+                          labels_check();
+                        });
 }
 
 SampleSource map_token_windows(const std::string& path, TokenDtype dtype, int64_t seq_len) {

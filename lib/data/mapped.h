@@ -51,6 +51,13 @@ at::Tensor map_npy(const std::string& path);
 /// Dataset::mapped, and its Dataset::check_files checks both files before each epoch.
 Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path = "");
 
+/// A mapped Dataset of inputs `features` `[N, ...]` and integer class labels `labels` `[N, ...]` (undefined: none),
+/// CPU tensors mapped from files: `features_name` and `labels_name` name them in errors and in the description, and
+/// `check_files` becomes its Dataset::check_files. Labels that are not integers or are negative, or a row count that
+/// differs from the inputs', are errors naming both. map_npy_dataset() makes its data sets with it.
+Dataset mapped_dataset(at::Tensor features, at::Tensor labels, const std::string& features_name,
+                       const std::string& labels_name, std::function<void()> check_files);
+
 /// A check for Dataset::check_files that the file at `path` still holds at least `bytes` bytes, as when it was
 /// mapped: a file that is gone or shorter is a dkit::Error naming it, where reading its pages would crash.
 std::function<void()> mapped_size_check(const std::string& path, int64_t bytes);

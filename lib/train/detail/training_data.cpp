@@ -2,7 +2,6 @@
 
 #include <dkit/checkpoint/safetensors.h>
 #include <dkit/core/error.h>
-#include <dkit/core/format.h>
 #include <dkit/data/mapped.h>
 
 #include <c10/util/Exception.h>
@@ -41,27 +40,12 @@ Dataset map_safetensors_file(const std::string& path) {
     }
     return *found;
   };
-  Dataset data;
-  data.mapped = true;
-  data.features = tensor("x", "inputs");
-  data.labels = tensor("y", "labels");
+  at::Tensor features = tensor("x", "inputs");
+  at::Tensor labels = tensor("y", "labels");
   struct stat info {};
   DKIT_CHECK(::stat(path.c_str(), &info) == 0, "cannot read ", path);
-  data.check_files = mapped_size_check(path, static_cast<int64_t>(info.st_size));
-  DKIT_CHECK(data.features.dim() >= 1, path, ": tensor 'x' is a scalar; a data set's inputs need a shape [N, ...]");
-  DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), path, ": tensor 'y' holds ",
-             data.labels.dim() >= 1 ? data.labels.size(0) : 0, " labels, but tensor 'x' holds ",
-             data.features.size(0), " samples: one label per sample");
-  DKIT_CHECK(at::isIntegralType(data.labels.scalar_type(), /*includeBool=*/false), path, ": tensor 'y' holds ",
-             dtype_name(data.labels.scalar_type()), " labels: class indices must be integers");
-  if (data.labels.numel() > 0) {
-    DKIT_CHECK(data.labels.min().item<int64_t>() >= 0, path, ": tensor 'y' holds a negative class index");
-    data.num_classes = data.labels.max().item<int64_t>() + 1;
-  }
-  data.description = concat(path, " (mapped): ", data.features.size(0), " samples of shape ",
-                            data.features.sizes().slice(1), ", ", dtype_name(data.features.scalar_type()), ", ",
-                            data.num_classes, " classes");
-  return data;
+  return mapped_dataset(std::move(features), std::move(labels), path + ": tensor 'x'", path + ": tensor 'y'",
+                        mapped_size_check(path, static_cast<int64_t>(info.st_size)));
 }
 
 // The data as the MLP reads it: inputs [N, F] (a view of images [N, ...]) and one class index per sample.
