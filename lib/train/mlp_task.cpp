@@ -50,8 +50,7 @@ std::vector<std::string> MlpTask::metric_names() const {
 }
 
 StepResult MlpTask::training_step(const Batch& given) {
-  const Batch scaled_batch = scale_batches_ ? scaled(given, normalization_) : Batch();
-  const Batch& batch = scale_batches_ ? scaled_batch : given;
+  const Batch batch = scale_batches_ ? scaled(given, normalization_) : given;
   const at::Tensor logits = model_->forward(batch.features);
   StepResult result;
   result.loss = torch::nn::functional::cross_entropy(logits.to(at::kFloat), batch.labels);
@@ -148,8 +147,7 @@ void MlpTask::on_train_start(const StepContext& context) {
 }
 
 std::optional<StepResult> MlpTask::take_step(const Batch& given, const StepContext& context) {
-  const Batch scaled_batch = scale_batches_ ? scaled(given, normalization_) : Batch();
-  const Batch& batch = scale_batches_ ? scaled_batch : given;
+  const Batch batch = scale_batches_ ? scaled(given, normalization_) : given;
   StepResult result;
   const auto rows = static_cast<double>(std::max<int64_t>(batch.size(), 1));
   if (!data_parallel_devices_.empty()) {
