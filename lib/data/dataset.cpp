@@ -676,28 +676,69 @@ uint64_t order_seed(uint64_t seed, int64_t epoch) {
   return splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch)));
 }
 
-at::Tensor block_order(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch) {
+BlockOrder::BlockOrder(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch)
+    : n_(n), block_(block), window_(window), seed_(splitmix64(order_seed(seed, epoch) ^ kBlockTag)) {
   DKIT_CHECK(block >= 1 && window >= 1, "block shuffling needs a block and a window of at least 1, got ", block,
              " and ", window);
-  TORCH_CHECK(n >= 0, "block_order needs n >= 0, got ", n);
-  at::Generator generator = seeded_generator(splitmix64(order_seed(seed, epoch) ^ kBlockTag));
+  TORCH_CHECK(n >= 0, "BlockOrder needs n >= 0, got ", n);
   const int64_t blocks = (n + block - 1) / block;
-  const at::Tensor block_sequence = at::randperm(blocks, generator, at::TensorOptions().dtype(at::kLong));
-  const int64_t* sequence = block_sequence.data_ptr<int64_t>();
-  at::Tensor order = at::empty({n}, at::TensorOptions().dtype(at::kLong));
-  int64_t* out = order.data_ptr<int64_t>();
-  int64_t filled = 0;
-  for (int64_t first = 0; first < blocks; first += window) {
-    const int64_t start = filled;
-    for (int64_t b = first; b < std::min(blocks, first + window); ++b) {
-      for (int64_t i = sequence[b] * block; i < std::min(n, (sequence[b] + 1) * block); ++i) {
-        out[filled++] = i;
-      }
-    }
-    const at::Tensor run = order.narrow(0, start, filled - start);
-    run.copy_(run.index_select(0, at::randperm(filled - start, generator, at::TensorOptions().dtype(at::kLong))));
+  at::Generator generator = seeded_generator(seed_);
+  const at::Tensor sequence = at::randperm(blocks, generator, at::TensorOptions().dtype(at::kLong));
+  blocks_.assign(sequence.data_ptr<int64_t>(), sequence.data_ptr<int64_t>() + blocks);
+  const auto last = std::find(blocks_.begin(), blocks_.end(), blocks - 1);
+  short_block_position_ = n % block == 0 ? blocks : last - blocks_.begin();
+}
+
+int64_t BlockOrder::windows() const {
+  return (static_cast<int64_t>(blocks_.size()) + window_ - 1) / window_;
+}
+
+int64_t BlockOrder::window_start(int64_t w) const {
+  const int64_t first_block = w * window_;
+  return first_block * block_ - (short_block_position_ < first_block ? block_ - n_ % block_ : 0);
+}
+
+int64_t BlockOrder::window_of(int64_t position) const {
+  TORCH_CHECK(position >= 0 && position < n_, "position ", position, " is outside an order of ", n_);
+  int64_t w = std::min(position / (window_ * block_), windows() - 1);
+  while (window_start(w) > position) {
+    --w;
   }
-  return order;
+  while (w + 1 < windows() && window_start(w + 1) <= position) {
+    ++w;
+  }
+  return w;
+}
+
+std::vector<int64_t> BlockOrder::window_samples(int64_t w) const {
+  TORCH_CHECK(w >= 0 && w < windows(), "window ", w, " is outside an order of ", windows());
+  std::vector<int64_t> samples;
+  const auto end = std::min<size_t>(blocks_.size(), static_cast<size_t>((w + 1) * window_));
+  for (auto b = static_cast<size_t>(w * window_); b < end; ++b) {
+    for (int64_t i = blocks_[b] * block_; i < std::min(n_, (blocks_[b] + 1) * block_); ++i) {
+      samples.push_back(i);
+    }
+  }
+  at::Generator generator = seeded_generator(splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(w))));
+  const at::Tensor shuffle =
+      at::randperm(static_cast<int64_t>(samples.size()), generator, at::TensorOptions().dtype(at::kLong));
+  const int64_t* take = shuffle.data_ptr<int64_t>();
+  std::vector<int64_t> out(samples.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = samples[static_cast<size_t>(take[i])];
+  }
+  return out;
+}
+
+at::Tensor block_order(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch) {
+  const BlockOrder order(n, block, window, seed, epoch);
+  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  int64_t* filled = out.data_ptr<int64_t>();
+  for (int64_t w = 0; w < order.windows(); ++w) {
+    const std::vector<int64_t> samples = order.window_samples(w);
+    filled = std::copy(samples.begin(), samples.end(), filled);
+  }
+  return out;
 }
 
 at::Tensor sample_order(int64_t n, uint64_t seed, int64_t epoch) {

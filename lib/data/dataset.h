@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dkit {
 
@@ -177,9 +178,33 @@ Normalization fit_normalization(const Dataset& data, Scaling scaling);
 /// with the same LibTorch version.
 uint64_t order_seed(uint64_t seed, int64_t epoch);
 
-/// The order of block shuffling in `epoch`: the blocks of `block` neighbouring samples of `0..n-1` (the last may be
-/// short) in a seeded order, then the samples of each run of `window` consecutive blocks of that order shuffled
-/// together. Like sample_order() it depends only on its arguments; a disk then reads runs of neighbouring rows.
+/// The order of block shuffling in `epoch`, computed a window at a time: the blocks of `block` neighbouring samples
+/// of `0..n-1` (the last may be short) in a seeded order, then the samples of each run of `window` consecutive blocks
+/// of that order shuffled together. It holds the blocks' order only, so a Loader's order over data larger than
+/// memory stays small; like sample_order() it depends only on its arguments.
+class BlockOrder {
+ public:
+  /// The order of `n` samples for `seed` and `epoch`; a block or a window below 1 is a dkit::Error.
+  BlockOrder(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch);
+  /// The number of windows.
+  int64_t windows() const;
+  /// The position in the order of window `w`'s first sample.
+  int64_t window_start(int64_t w) const;
+  /// The window that holds position `position` of the order.
+  int64_t window_of(int64_t position) const;
+  /// The samples of window `w`, in the order they are visited.
+  std::vector<int64_t> window_samples(int64_t w) const;
+
+ private:
+  int64_t n_;
+  int64_t block_;
+  int64_t window_;
+  uint64_t seed_;
+  std::vector<int64_t> blocks_;
+  int64_t short_block_position_;
+};
+
+/// The whole order of BlockOrder, int64 `[n]`: a disk then reads runs of neighbouring rows.
 at::Tensor block_order(int64_t n, int64_t block, int64_t window, uint64_t seed, int64_t epoch);
 
 /// The order in which the samples `0..n-1` are visited in `epoch`: an int64 permutation `[n]` on the CPU that

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <numeric>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -314,11 +316,37 @@ struct Loader::Impl {
     return out;
   }
 
-  const int64_t* indices(const Range& r) const {
-    return order.data_ptr<int64_t>() + r.start;
+  // The samples at the positions `r` of this epoch's order.
+  std::vector<int64_t> indices(const Range& r) {
+    std::vector<int64_t> out(static_cast<size_t>(r.rows));
+    if (!options.shuffle()) {
+      std::iota(out.begin(), out.end(), r.start);
+    } else if (!blocks) {
+      std::copy_n(order.data_ptr<int64_t>() + r.start, r.rows, out.begin());
+    } else {
+      std::lock_guard<std::mutex> lock(window_mutex);
+      for (int64_t done = 0; done < r.rows;) {
+        const int64_t position = r.start + done;
+        const std::vector<int64_t>& samples = window_at(blocks->window_of(position));
+        const int64_t offset = position - blocks->window_start(window);
+        const int64_t take = std::min(r.rows - done, static_cast<int64_t>(samples.size()) - offset);
+        std::copy_n(samples.begin() + offset, take, out.begin() + done);
+        done += take;
+      }
+    }
+    return out;
   }
 
-  Batch make_now(int64_t batch) const {
+  // The samples of window `w` of the block order; the caller holds window_mutex.
+  const std::vector<int64_t>& window_at(int64_t w) {
+    if (w != window) {
+      window_samples = blocks->window_samples(w);
+      window = w;
+    }
+    return window_samples;
+  }
+
+  Batch make_now(int64_t batch) {
     const Range r = range(batch);
     Batch out = describe(batch, r);
     if (placement == Placement::kDevice && !options.shuffle() && !data.row_map.defined()) {
@@ -338,7 +366,7 @@ struct Loader::Impl {
     }
     out.features = data.empty_features(r.rows);
     out.labels = data.empty_labels(r.rows);
-    data.gather(indices(r), r.rows, out.features, out.labels);
+    data.gather(indices(r).data(), r.rows, out.features, out.labels);
     if (device.is_cuda()) {
       out.features = out.features.to(device);
       if (out.labels.defined()) {
@@ -358,7 +386,7 @@ struct Loader::Impl {
       if (slot.copied.isCreated()) {
         C10_CUDA_CHECK(cudaEventSynchronize(slot.copied.event()));
       }
-      data.gather(indices(r), r.rows, slot.host_features, slot.host_labels);
+      data.gather(indices(r).data(), r.rows, slot.host_features, slot.host_labels);
       out.features = data.empty_features(r.rows, at::TensorOptions().device(device));
       out.features.copy_(slot.host_features.narrow(0, 0, r.rows), /*non_blocking=*/true);
       if (data.has_labels) {
@@ -375,7 +403,7 @@ struct Loader::Impl {
       slot.host_features = data.empty_features(options.batch_size());
       slot.host_labels = data.empty_labels(options.batch_size());
     }
-    data.gather(indices(r), r.rows, slot.host_features, slot.host_labels);
+    data.gather(indices(r).data(), r.rows, slot.host_features, slot.host_labels);
     out.features = slot.host_features.narrow(0, 0, r.rows);
     if (data.has_labels) {
       out.labels = slot.host_labels.narrow(0, 0, r.rows);
@@ -450,17 +478,22 @@ struct Loader::Impl {
     if (data.check_files) {
       data.check_files();
     }
-    if (!options.shuffle()) {
-      order = at::arange(n, at::TensorOptions().dtype(at::kLong));
-    } else if (options.shuffle_block() > 0) {
-      order = block_order(n, options.shuffle_block(), options.shuffle_window(), options.seed(), new_epoch);
-    } else {
+    order = at::Tensor();
+    blocks.reset();
+    window = -1;
+    window_samples.clear();
+    if (options.shuffle() && options.shuffle_block() > 0) {
+      blocks.emplace(n, options.shuffle_block(), options.shuffle_window(), options.seed(), new_epoch);
+    } else if (options.shuffle()) {
       order = sample_order(n, options.seed(), new_epoch);
     }
 #if DKIT_WITH_CUDA
     if (placement == Placement::kDevice && device.is_cuda() && options.shuffle()) {
+      const at::Tensor all = blocks ? block_order(n, options.shuffle_block(), options.shuffle_window(),
+                                                  options.seed(), new_epoch)
+                                    : order;
       device_order = at::empty({n}, at::TensorOptions().dtype(at::kLong).device(device));
-      device_order.copy_(order.pin_memory(), /*non_blocking=*/true);
+      device_order.copy_(all.pin_memory(), /*non_blocking=*/true);
     }
 #endif
     for (auto& slot : slots) {
@@ -552,6 +585,10 @@ struct Loader::Impl {
   int64_t next_batch = 0;
   int64_t next_claim = 0;
   at::Tensor order;
+  std::optional<BlockOrder> blocks;
+  std::mutex window_mutex;
+  int64_t window = -1;
+  std::vector<int64_t> window_samples;
   at::Tensor device_order;
 
   std::vector<Slot> slots;

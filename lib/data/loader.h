@@ -69,7 +69,7 @@ struct LoaderOptions {
   /// Visit the samples in the seeded order sample_order(n, seed, epoch) rather than `0..n-1`.
   TORCH_ARG(bool, shuffle) = true;
   /// With `shuffle`, shuffles by blocks when above 0: blocks of `shuffle_block` neighbouring samples in a seeded
-  /// order, the samples of each window of `shuffle_window` blocks shuffled together (block_order()), for data mapped
+  /// order, the samples of each window of `shuffle_window` blocks shuffled together (BlockOrder), for data mapped
   /// from a disk where random reads are slow. 0 shuffles single samples (sample_order()).
   TORCH_ARG(int64_t, shuffle_block) = 0;
   /// Blocks whose samples are shuffled together with `shuffle_block`.

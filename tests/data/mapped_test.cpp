@@ -76,7 +76,7 @@ TEST_F(MappedTest, ALoaderReadsAMappedDataSetAsTheSameTensorsInMemory) {
 }
 
 // split() of a mapped data set writes nothing: both parts list their rows of the file's arrays, and a Loader over
-// each gives the batches of the same split in memory.
+// each gives the batches of the same split in memory, in order, shuffled and shuffled by blocks (-1, 0, 2).
 TEST_F(MappedTest, SplitOfAMappedDataSetListsRowsAndLoadsAsInMemory) {
   Dataset mapped = map_npy_dataset(npy("images.npy"), npy("labels.npy"));
   const void* file_data = mapped.features.data_ptr();
@@ -90,11 +90,13 @@ TEST_F(MappedTest, SplitOfAMappedDataSetListsRowsAndLoadsAsInMemory) {
   EXPECT_TRUE(torch::equal(from_map.train.features.index_select(0, from_map.train.rows), from_memory.train.features));
   EXPECT_TRUE(torch::equal(from_map.val.labels.index_select(0, from_map.val.rows), from_memory.val.labels));
   for (const Placement placement : {Placement::kDevice, Placement::kPinned}) {
-    for (const bool shuffle : {true, false}) {
-      const auto options = LoaderOptions(4).seed(2).shuffle(shuffle).placement(placement);
+    for (const int64_t block : {-1, 0, 2}) {
+      const auto options =
+          LoaderOptions(4).seed(2).shuffle(block >= 0).shuffle_block(std::max<int64_t>(block, 0)).shuffle_window(2)
+              .placement(placement);
       Loader a(from_map.train, cpu(), options);
       Loader b(from_memory.train, cpu(), options);
-      EXPECT_EQ(same_batches(a, b, to_string(placement) + (shuffle ? " shuffled" : " in order")), 3);
+      EXPECT_EQ(same_batches(a, b, to_string(placement) + " shuffle_block " + std::to_string(block)), 3);
     }
   }
 }
@@ -139,6 +141,20 @@ TEST_F(MappedTest, BlockShufflingVisitsEverySampleAndResumesExactly) {
     const at::Tensor blocks = full_blocks.narrow(0, window * 256, 256).div(64, "floor");
     EXPECT_EQ(std::get<0>(at::_unique(blocks)).size(0), 4) << window;
   }
+  const BlockOrder windows(1000, 64, 4, 7, 2);
+  ASSERT_EQ(windows.windows(), 4);
+  for (int64_t position = 0; position < 1000; ++position) {
+    const int64_t w = windows.window_of(position);
+    EXPECT_LE(windows.window_start(w), position);
+    EXPECT_GT(w + 1 < windows.windows() ? windows.window_start(w + 1) : 1000, position);
+  }
+  std::vector<int64_t> joined;
+  for (int64_t w = 0; w < windows.windows(); ++w) {
+    EXPECT_EQ(windows.window_start(w), static_cast<int64_t>(joined.size()));
+    const std::vector<int64_t> samples = windows.window_samples(w);
+    joined.insert(joined.end(), samples.begin(), samples.end());
+  }
+  EXPECT_EQ(joined, test::int64s(order));
   EXPECT_EQ(error_message([] { block_order(10, 0, 4, 0, 0); }),
             "block shuffling needs a block and a window of at least 1, got 0 and 4");
 
