@@ -17,6 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #if DKIT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
@@ -40,6 +43,25 @@ void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows,
   }
 }
 
+// Asks the kernel to read the rows `rows` (sorted) of the mapped `source` ahead, as runs of neighbouring rows: each
+// run is one long read, where faulting its pages in one at a time would read around each of them.
+void read_rows_ahead(const at::Tensor& source, const std::vector<int64_t>& rows) {
+  constexpr uintptr_t kGap = 128 * 1024;
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t n = source.size(0);
+  const auto row_bytes = static_cast<uintptr_t>(n > 0 ? source.numel() / n : 0) * source.element_size();
+  const auto base = reinterpret_cast<uintptr_t>(source.data_ptr());
+  for (size_t i = 0; i < rows.size();) {
+    const uintptr_t begin = base + static_cast<uintptr_t>(rows[i]) * row_bytes;
+    uintptr_t end = begin + row_bytes;
+    while (++i < rows.size() && base + static_cast<uintptr_t>(rows[i]) * row_bytes <= end + kGap) {
+      end = base + static_cast<uintptr_t>(rows[i] + 1) * row_bytes;
+    }
+    const uintptr_t first_page = begin & ~(page - 1);
+    ::madvise(reinterpret_cast<void*>(first_page), end - first_page, MADV_WILLNEED);
+  }
+}
+
 bool sole_owner(const at::Tensor& buffer) {
   return buffer.defined() && buffer.storage().use_count() == 1;
 }
@@ -60,6 +82,7 @@ struct LoaderRows {
   at::Tensor features;
   at::Tensor labels;
   at::Tensor row_map;
+  bool mapped = false;
   std::function<void()> check_files;
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> get;
 
@@ -116,6 +139,25 @@ struct LoaderRows {
     }
   }
 
+  // Asks the kernel to read the rows `indices` of mapped files ahead; nothing for data in memory.
+  void read_ahead(const std::vector<int64_t>& indices) const {
+    if (!mapped || get) {
+      return;
+    }
+    std::vector<int64_t> rows(indices);
+    if (row_map.defined()) {
+      const int64_t* map = row_map.data_ptr<int64_t>();
+      for (auto& row : rows) {
+        row = map[row];
+      }
+    }
+    std::sort(rows.begin(), rows.end());
+    read_rows_ahead(features, rows);
+    if (has_labels) {
+      read_rows_ahead(labels, rows);
+    }
+  }
+
   // Copies the listed rows of a part of a data set into tensors of their own.
   void take_rows() {
     if (row_map.defined()) {
@@ -168,6 +210,7 @@ detail::LoaderRows rows_of(Dataset data) {
     rows.row_map = data.rows.contiguous();
   }
   rows.check_files = std::move(data.check_files);
+  rows.mapped = data.mapped;
   rows.features = data.features.contiguous();
   rows.feature_shape = data.features.sizes().slice(1).vec();
   rows.feature_dtype = data.features.scalar_type();
@@ -337,11 +380,23 @@ struct Loader::Impl {
     return out;
   }
 
-  // The samples of window `w` of the block order; the caller holds window_mutex.
+  // The samples of window `w` of the block order, the window after it read ahead from mapped files; the caller
+  // holds window_mutex.
   const std::vector<int64_t>& window_at(int64_t w) {
-    if (w != window) {
+    if (w == window) {
+      return window_samples;
+    }
+    if (w == window + 1 && !next_window_samples.empty()) {
+      window_samples = std::move(next_window_samples);
+    } else {
       window_samples = blocks->window_samples(w);
-      window = w;
+      data.read_ahead(window_samples);
+    }
+    window = w;
+    next_window_samples.clear();
+    if (w + 1 < blocks->windows()) {
+      next_window_samples = blocks->window_samples(w + 1);
+      data.read_ahead(next_window_samples);
     }
     return window_samples;
   }
@@ -482,6 +537,7 @@ struct Loader::Impl {
     blocks.reset();
     window = -1;
     window_samples.clear();
+    next_window_samples.clear();
     if (options.shuffle() && options.shuffle_block() > 0) {
       blocks.emplace(n, options.shuffle_block(), options.shuffle_window(), options.seed(), new_epoch);
     } else if (options.shuffle()) {
@@ -589,6 +645,7 @@ struct Loader::Impl {
   std::mutex window_mutex;
   int64_t window = -1;
   std::vector<int64_t> window_samples;
+  std::vector<int64_t> next_window_samples;
   at::Tensor device_order;
 
   std::vector<Slot> slots;
