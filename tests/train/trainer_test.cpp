@@ -182,6 +182,11 @@ TEST_F(TrainerTest, MappedFilesTrainTheSameWeightsAsTheSameDataInMemory) {
             }),
             "config key 'data.targets' is required when data.path is a .npy file (" + tmp_.file("npy/x.npy") +
                 "): name the .npy file of labels, or make data.path a folder of x.npy and y.npy");
+  EXPECT_EQ(error_message([&] {
+              train(small_run({"data.source=npy", "data.path=" + tmp_.file("none.npy")}), tmp_.file("bad"));
+            }),
+            "config key 'data.path' names " + tmp_.file("none.npy") +
+                ", which does not exist: give the .npy file of inputs or a folder of x.npy and y.npy");
   StateDict only_x("state dict key");
   only_x.insert("x", data.features);
   write_safetensors(tmp_.file("x.safetensors"), only_x);

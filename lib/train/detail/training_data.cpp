@@ -21,6 +21,8 @@ Dataset map_npy_files(const FullTrainConfig& c) {
     return map_npy_dataset((std::filesystem::path(c.data_path) / "x.npy").string(),
                            (std::filesystem::path(c.data_path) / "y.npy").string());
   }
+  DKIT_CHECK(std::filesystem::exists(c.data_path), "config key 'data.path' names ", c.data_path,
+             ", which does not exist: give the .npy file of inputs or a folder of x.npy and y.npy");
   DKIT_CHECK(!c.data_targets.empty(), "config key 'data.targets' is required when data.path is a .npy file (",
              c.data_path, "): name the .npy file of labels, or make data.path a folder of x.npy and y.npy");
   return map_npy_dataset(c.data_path, c.data_targets);
