@@ -3,7 +3,7 @@
 # (scripts/make_npy_dataset.py) at, in file order, shuffled by blocks of BLOCK samples and fully shuffled, beside the
 # rate `dd` reads the same file at in order; the page cache is dropped before each read, so it needs root. Then the
 # same passes from the page cache. Last, one epoch of training on a 0.25 GiB file, read into memory or mapped from the
-# page cache, in turns.
+# page cache, in turns, five rounds shuffled by blocks and five by single samples.
 # DISK (BYTES_PER_S:IOPS, e.g. 125M:3000, a cloud disk's baseline) throttles reads from the file's block device with
 # the cgroup v1 blkio controller, so that dd and the Loader read from a disk of known speed whatever caches the
 # machine's own disk; LIMIT (e.g. 1G) runs the cold passes in a cgroup v1 memory group of that size, and SECONDS
@@ -75,7 +75,9 @@ done
 [ -f "$data/small/x.npy" ] || /usr/bin/python3 scripts/make_npy_dataset.py "$data/small" 0.25
 echo "one epoch of training on 0.25 GiB, in memory and mapped from the page cache, in turns"
 cat "$data/small/x.npy" "$data/small/y.npy" >/dev/null
-for round in 1 2 3; do
-  "$program" memory "$data/small/x.npy" "$data/small/y.npy"
-  "$program" mapped "$data/small/x.npy" "$data/small/y.npy"
+for shuffle in "$block" 0; do
+  for round in 1 2 3 4 5; do
+    "$program" memory "$data/small/x.npy" "$data/small/y.npy" 256 "$shuffle"
+    "$program" mapped "$data/small/x.npy" "$data/small/y.npy" 256 "$shuffle"
+  done
 done
