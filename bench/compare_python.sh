@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dkit's full trainer against real PyTorch on the CPU, measured in the same run (issue 4's performance check).
+# dkit's full trainer against real PyTorch on the CPU, measured in the same run.
 #
 #   bench/compare_python.sh [--dkit BUILD/dkit] [--python /usr/bin/python3] [--rounds 3] [--steps 3000]
 #                           [--batch 64] [--threads 2] [--out DIR] [--no-matmul] [--baseline OTHER/dkit]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peak resident memory of `dkit train` against the size of its data set (issue 20's memory check).
+# Peak resident memory of `dkit train` against the size of its data set.
 #
 #   bench/data_memory.sh [--dkit BUILD/dkit] [--mnist /usr/share/datasets/fashion-mnist] [--percent "10 25 50 75 100"]
 #                        [--placement "device pinned pageable"]
