@@ -109,16 +109,25 @@ struct LoaderRows {
                "): every sample must have the same shapes and dtypes");
   }
 
+  // The rows of `features` and `labels` that hold the samples `indices[0, count)`: row_map's rows for a part that
+  // lists them.
+  std::vector<int64_t> array_rows(const int64_t* indices, int64_t count) const {
+    std::vector<int64_t> rows(indices, indices + count);
+    if (row_map.defined()) {
+      const int64_t* map = row_map.data_ptr<int64_t>();
+      for (auto& row : rows) {
+        row = map[row];
+      }
+    }
+    return rows;
+  }
+
   // Copies the rows `indices[0, count)` into the first `count` rows of `features_out` and `labels_out`.
   void gather(const int64_t* indices, int64_t count, const at::Tensor& features_out,
               const at::Tensor& labels_out) const {
     std::vector<int64_t> mapped_indices;
     if (row_map.defined()) {
-      const int64_t* map = row_map.data_ptr<int64_t>();
-      mapped_indices.resize(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) {
-        mapped_indices[static_cast<size_t>(i)] = map[indices[i]];
-      }
+      mapped_indices = array_rows(indices, count);
       indices = mapped_indices.data();
     }
     if (!get) {
@@ -141,16 +150,10 @@ struct LoaderRows {
 
   // Asks the kernel to read the rows `indices` of mapped files ahead; nothing for data in memory.
   void read_ahead(const std::vector<int64_t>& indices) const {
-    if (!mapped || get) {
+    if (!mapped) {
       return;
     }
-    std::vector<int64_t> rows(indices);
-    if (row_map.defined()) {
-      const int64_t* map = row_map.data_ptr<int64_t>();
-      for (auto& row : rows) {
-        row = map[row];
-      }
-    }
+    std::vector<int64_t> rows = array_rows(indices.data(), static_cast<int64_t>(indices.size()));
     std::sort(rows.begin(), rows.end());
     read_rows_ahead(features, rows);
     if (has_labels) {
