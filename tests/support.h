@@ -80,10 +80,12 @@ inline void write_bytes(const std::string& path, const std::string& data) {
 }
 
 /// Writes the CPU tensor `tensor` (float32, float64, uint8, int32 or int64) as NumPy's `np.save` writes it:
-/// format 1.0, C order, the header padded with spaces to a multiple of 64 bytes.
-inline void write_npy(const std::string& path, const torch::Tensor& tensor) {
+/// format 1.0, C order, the header padded with spaces to a multiple of 64 bytes. `dtype_code` names the bytes'
+/// dtype instead when given: `<u2` for an int16 tensor of unsigned 16-bit numbers.
+inline void write_npy(const std::string& path, const torch::Tensor& tensor, const char* dtype_code = nullptr) {
   const torch::Tensor data = tensor.contiguous();
-  const char* descr = data.scalar_type() == torch::kFloat    ? "<f4"
+  const char* descr = dtype_code != nullptr                  ? dtype_code
+                      : data.scalar_type() == torch::kFloat  ? "<f4"
                       : data.scalar_type() == torch::kDouble ? "<f8"
                       : data.scalar_type() == torch::kByte   ? "|u1"
                       : data.scalar_type() == torch::kInt    ? "<i4"

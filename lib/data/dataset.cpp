@@ -289,6 +289,14 @@ bool Dataset::has_labels() const {
   return labels.defined();
 }
 
+at::Tensor widen_uint16(const at::Tensor& array, bool uint16) {
+  if (!uint16) {
+    return array;
+  }
+  TORCH_INTERNAL_ASSERT(array.scalar_type() == at::kShort, "unsigned 16-bit numbers are held in int16 tensors");
+  return array.to(at::kInt).bitwise_and_(0xFFFF);
+}
+
 Dataset read_csv(const std::string& path, const CsvOptions& options) {
   return parse_csv(read_whole_file(path, "CSV file"), path, options);
 }
@@ -486,6 +494,8 @@ Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& 
     }
   }
   subset.num_classes = data.num_classes;
+  subset.features_uint16 = data.features_uint16;
+  subset.labels_uint16 = data.labels_uint16;
   subset.description = part_description(data, indices.size(0), part);
   return subset;
 }
@@ -562,6 +572,8 @@ DatasetSplit split(Dataset&& data, double val_fraction, uint64_t seed) {
       out.labels = data.labels.narrow(0, begin, rows);
     }
     out.num_classes = data.num_classes;
+    out.features_uint16 = data.features_uint16;
+    out.labels_uint16 = data.labels_uint16;
     out.description = part_description(data, rows, name);
     return out;
   };
@@ -604,9 +616,9 @@ Dataset Normalization::apply(const Dataset& data) const {
   const auto rows_of = [&data](const at::Tensor& tensor) {
     return data.rows.defined() ? tensor.index_select(0, data.rows) : tensor;
   };
-  scaled.features = apply(rows_of(data.features).to(at::kFloat)).contiguous();
+  scaled.features = apply(widen_uint16(rows_of(data.features), data.features_uint16).to(at::kFloat)).contiguous();
   if (data.has_labels()) {
-    scaled.labels = rows_of(data.labels);
+    scaled.labels = widen_uint16(rows_of(data.labels), data.labels_uint16);
   }
   scaled.num_classes = data.num_classes;
   scaled.description = data.description;
@@ -640,7 +652,7 @@ Normalization fit_normalization(const Dataset& data, Scaling scaling) {
                                    : features.narrow(0, first_row, count);
       for (int64_t first = 0; first < n_features; first += kColumnsPerBlock) {
         const int64_t columns = std::min(kColumnsPerBlock, n_features - first);
-        visit(block.narrow(1, first, columns).to(at::kDouble), first, columns);
+        visit(widen_uint16(block.narrow(1, first, columns), data.features_uint16).to(at::kDouble), first, columns);
       }
     }
   };

@@ -33,6 +33,11 @@ struct Dataset {
   /// For a mapped data set, checks that its files still hold what was mapped and throws a dkit::Error naming a file
   /// that has shrunk; a Loader calls it before each epoch. Empty for data in memory.
   std::function<void()> check_files;
+  /// Whether `features` holds unsigned 16-bit numbers in an int16 tensor of the same bytes (a `u2` .npy, which
+  /// LibTorch 1.13 has no dtype for): a Loader widens each batch's rows to int32 as it gathers them.
+  bool features_uint16 = false;
+  /// Whether `labels` holds unsigned 16-bit numbers in an int16 tensor, as features_uint16 says of `features`.
+  bool labels_uint16 = false;
 
   /// Number of samples N: the rows in `rows` when it is defined, else `features.size(0)`.
   int64_t size() const;
@@ -41,6 +46,10 @@ struct Dataset {
   /// Whether `labels` is defined.
   bool has_labels() const;
 };
+
+/// The numbers of an int16 array that holds unsigned 16-bit numbers (Dataset::features_uint16), as int32; the array
+/// itself when `uint16` is false.
+at::Tensor widen_uint16(const at::Tensor& array, bool uint16 = true);
 
 /// Options for read_csv().
 struct CsvOptions {

@@ -32,8 +32,18 @@ namespace {
 
 using detail::concat;
 
-void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows, void* target) {
+void gather_rows(const at::Tensor& source, const int64_t* indices, int64_t rows, void* target, bool uint16) {
   const int64_t n = source.size(0);
+  if (uint16) {
+    const int64_t row_size = n > 0 ? source.numel() / n : 0;
+    const auto* from = static_cast<const uint16_t*>(source.data_ptr());
+    auto* to = static_cast<int32_t*>(target);
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint16_t* row = from + indices[i] * row_size;
+      std::copy(row, row + row_size, to + i * row_size);
+    }
+    return;
+  }
   const auto row_bytes = static_cast<size_t>(n > 0 ? source.numel() / n : 0) * source.element_size();
   const auto* from = static_cast<const char*>(source.data_ptr());
   auto* to = static_cast<char*>(target);
@@ -83,6 +93,8 @@ struct LoaderRows {
   at::Tensor labels;
   at::Tensor row_map;
   bool mapped = false;
+  bool features_uint16 = false;
+  bool labels_uint16 = false;
   std::function<void()> check_files;
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> get;
 
@@ -131,9 +143,9 @@ struct LoaderRows {
       indices = mapped_indices.data();
     }
     if (!get) {
-      gather_rows(features, indices, count, features_out.data_ptr());
+      gather_rows(features, indices, count, features_out.data_ptr(), features_uint16);
       if (has_labels) {
-        gather_rows(labels, indices, count, labels_out.data_ptr());
+        gather_rows(labels, indices, count, labels_out.data_ptr(), labels_uint16);
       }
       return;
     }
@@ -161,13 +173,17 @@ struct LoaderRows {
     }
   }
 
-  // Copies the listed rows of a part of a data set into tensors of their own.
+  // Copies the listed rows of a part of a data set into tensors of their own, unsigned 16-bit numbers widened.
   void take_rows() {
     if (row_map.defined()) {
       features = features.index_select(0, row_map);
       labels = has_labels ? labels.index_select(0, row_map) : labels;
       row_map = at::Tensor();
     }
+    features = widen_uint16(features, features_uint16);
+    labels = has_labels ? widen_uint16(labels, labels_uint16) : labels;
+    features_uint16 = false;
+    labels_uint16 = false;
   }
 
   // Reads every sample of a sample source into tensors, as a Dataset holds them.
@@ -216,7 +232,8 @@ detail::LoaderRows rows_of(Dataset data) {
   rows.mapped = data.mapped;
   rows.features = data.features.contiguous();
   rows.feature_shape = data.features.sizes().slice(1).vec();
-  rows.feature_dtype = data.features.scalar_type();
+  rows.features_uint16 = data.features_uint16;
+  rows.feature_dtype = data.features_uint16 ? at::kInt : data.features.scalar_type();
   if (data.labels.defined()) {
     DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), "Loader: ",
                rows.description, " has ", data.features.size(0), " samples but labels of shape ",
@@ -226,7 +243,8 @@ detail::LoaderRows rows_of(Dataset data) {
     rows.has_labels = true;
     rows.labels = data.labels.contiguous();
     rows.label_shape = data.labels.sizes().slice(1).vec();
-    rows.label_dtype = data.labels.scalar_type();
+    rows.labels_uint16 = data.labels_uint16;
+    rows.label_dtype = data.labels_uint16 ? at::kInt : data.labels.scalar_type();
   }
   return rows;
 }
@@ -321,7 +339,7 @@ struct Loader::Impl {
     threaded = placement == Placement::kPinned;
     pinned = threaded && device.is_cuda();
     if (placement == Placement::kDevice) {
-      if (device.is_cuda()) {
+      if (device.is_cuda() || data.features_uint16 || data.labels_uint16) {
         data.take_rows();
       }
       data.materialize();

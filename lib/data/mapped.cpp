@@ -10,8 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -24,13 +26,24 @@ constexpr std::string_view kNpyMagic = "\x93NUMPY";
 struct NpyDtype {
   std::string_view code;
   c10::ScalarType dtype;
+  bool uint16 = false;
 };
 
 constexpr NpyDtype kNpyDtypes[] = {
-    {"f2", c10::ScalarType::Half},  {"f4", c10::ScalarType::Float}, {"f8", c10::ScalarType::Double},
-    {"u1", c10::ScalarType::Byte},  {"i1", c10::ScalarType::Char},  {"i2", c10::ScalarType::Short},
-    {"i4", c10::ScalarType::Int},   {"i8", c10::ScalarType::Long},  {"b1", c10::ScalarType::Bool},
+    {"f2", c10::ScalarType::Half}, {"f4", c10::ScalarType::Float}, {"f8", c10::ScalarType::Double},
+    {"u1", c10::ScalarType::Byte}, {"i1", c10::ScalarType::Char},  {"u2", c10::ScalarType::Short, true},
+    {"i2", c10::ScalarType::Short}, {"i4", c10::ScalarType::Int},  {"i8", c10::ScalarType::Long},
+    {"b1", c10::ScalarType::Bool},
 };
+
+// The names of the dtypes dkit maps, for errors: "f2, f4, ... or b1".
+std::string npy_dtype_list() {
+  std::string list;
+  for (size_t i = 0; i < std::size(kNpyDtypes); ++i) {
+    list += (i == 0 ? "" : i + 1 == std::size(kNpyDtypes) ? " or " : ", ") + std::string(kNpyDtypes[i].code);
+  }
+  return list;
+}
 
 // The value of `key` in the header's Python dict literal, up to the next top-level comma or the closing brace.
 std::string_view dict_value(std::string_view header, std::string_view key, const std::string& source) {
@@ -158,21 +171,29 @@ NpyHeader read_header(const ReadOnlyFile& file, const std::string& path) {
   return parse_npy_header(head, file.size(), path);
 }
 
-// The array of the .npy file at `path`, mapped, and the check that the file keeps the bytes that were mapped.
-std::pair<at::Tensor, std::function<void()>> map_checked_npy(const std::string& path) {
+// The array of a .npy file, mapped: whether it holds unsigned 16-bit numbers, and the check that the file keeps the
+// bytes that were mapped.
+struct MappedNpy {
+  at::Tensor array;
+  bool uint16 = false;
+  std::function<void()> check;
+};
+
+MappedNpy map_checked_npy(const std::string& path) {
   const ReadOnlyFile file(path);
   const NpyHeader header = read_header(file, path);
-  std::function<void()> check = mapped_size_check(path, header.data_offset + header.data_bytes);
+  MappedNpy mapped{at::Tensor(), header.uint16, mapped_size_check(path, header.data_offset + header.data_bytes)};
   const auto options = torch::TensorOptions().dtype(header.dtype);
   if (header.data_bytes == 0) {
-    return {torch::empty(header.shape, options), std::move(check)};
+    mapped.array = torch::empty(header.shape, options);
+    return mapped;
   }
   const auto length = static_cast<size_t>(header.data_offset + header.data_bytes);
   void* map = file.map(length, path);
   char* data = static_cast<char*>(map) + header.data_offset;
-  return {torch::from_blob(
-              data, header.shape, [map, length](void*) { ::munmap(map, length); }, options),
-          std::move(check)};
+  mapped.array = torch::from_blob(
+      data, header.shape, [map, length](void*) { ::munmap(map, length); }, options);
+  return mapped;
 }
 
 } // namespace
@@ -206,11 +227,12 @@ NpyHeader parse_npy_header(std::string_view bytes, int64_t file_size, const std:
   for (const auto& entry : kNpyDtypes) {
     if (entry.code == code && (order == '<' || order == '|' || order == '=')) {
       result.dtype = entry.dtype;
+      result.uint16 = entry.uint16;
       known = true;
     }
   }
-  DKIT_CHECK(known, source, ": dtype ", printable(std::string(descr)),
-             " is not one dkit maps (f2, f4, f8, u1, i1, i2, i4, i8 or b1, little-endian)");
+  DKIT_CHECK(known, source, ": dtype ", printable(std::string(descr)), " is not one dkit maps (", npy_dtype_list(),
+             ", little-endian)");
   const std::string_view fortran = dict_value(header, "fortran_order", source);
   DKIT_CHECK(fortran == "False" || fortran == "True", source, ": the .npy header's fortran_order is ",
              printable(std::string(fortran)), ", expected True or False");
@@ -237,7 +259,10 @@ NpyHeader read_npy_header(const std::string& path) {
 }
 
 at::Tensor map_npy(const std::string& path) {
-  return map_checked_npy(path).first;
+  MappedNpy mapped = map_checked_npy(path);
+  DKIT_CHECK(!mapped.uint16, path, ": dtype '<u2' (unsigned 16-bit) has no LibTorch tensor dtype to map it as; "
+             "map_npy_dataset() reads it, widening its rows to int32");
+  return std::move(mapped.array);
 }
 
 std::function<void()> mapped_size_check(const std::string& path, int64_t bytes) {
@@ -250,42 +275,53 @@ std::function<void()> mapped_size_check(const std::string& path, int64_t bytes) 
 }
 
 Dataset mapped_dataset(at::Tensor features, at::Tensor labels, const std::string& features_name,
-                       const std::string& labels_name, std::function<void()> check_files) {
+                       const std::string& labels_name, std::function<void()> check_files, bool features_uint16,
+                       bool labels_uint16) {
   Dataset data;
   data.mapped = true;
   data.features = std::move(features);
+  data.features_uint16 = features_uint16;
   data.check_files = std::move(check_files);
   DKIT_CHECK(data.features.dim() >= 1, features_name, ": a data set's inputs need a shape [N, ...], got a scalar");
   data.description = features_name + " (mapped): " + std::to_string(data.features.size(0)) + " samples of shape " +
-                     shape_text(data.features.sizes().slice(1)) + ", " + dtype_name(data.features.scalar_type());
+                     shape_text(data.features.sizes().slice(1)) + ", " +
+                     (features_uint16 ? "uint16" : dtype_name(data.features.scalar_type()));
   if (!labels.defined()) {
     return data;
   }
   data.labels = std::move(labels);
+  data.labels_uint16 = labels_uint16;
   DKIT_CHECK(data.labels.dim() >= 1 && data.labels.size(0) == data.features.size(0), labels_name, " holds ",
              data.labels.dim() >= 1 ? data.labels.size(0) : 0, " labels, but ", features_name, " holds ",
              data.features.size(0), " samples: one label row per sample");
   DKIT_CHECK(at::isIntegralType(data.labels.scalar_type(), /*includeBool=*/false), labels_name, " holds ",
              dtype_name(data.labels.scalar_type()), " labels: class indices must be integers");
-  if (data.labels.numel() > 0) {
-    DKIT_CHECK(data.labels.min().item<int64_t>() >= 0, labels_name, " holds a negative class index");
-    data.num_classes = data.labels.max().item<int64_t>() + 1;
+  constexpr int64_t kRowsPerBlock = 1 << 20;
+  for (int64_t first = 0; first < data.labels.size(0); first += kRowsPerBlock) {
+    const at::Tensor block = widen_uint16(
+        data.labels.narrow(0, first, std::min(kRowsPerBlock, data.labels.size(0) - first)), labels_uint16);
+    if (block.numel() > 0) {
+      DKIT_CHECK(block.min().item<int64_t>() >= 0, labels_name, " holds a negative class index");
+      data.num_classes = std::max(data.num_classes, block.max().item<int64_t>() + 1);
+    }
   }
   data.description += ", " + std::to_string(data.num_classes) + " classes";
   return data;
 }
 
 Dataset map_npy_dataset(const std::string& features_path, const std::string& labels_path) {
-  auto [features, features_check] = map_checked_npy(features_path);
+  MappedNpy features = map_checked_npy(features_path);
   if (labels_path.empty()) {
-    return mapped_dataset(std::move(features), at::Tensor(), features_path, labels_path, std::move(features_check));
+    return mapped_dataset(std::move(features.array), at::Tensor(), features_path, labels_path,
+                          std::move(features.check), features.uint16);
   }
-  auto [labels, labels_check] = map_checked_npy(labels_path);
-  return mapped_dataset(std::move(features), std::move(labels), features_path, labels_path,
-                        [features_check = std::move(features_check), labels_check = std::move(labels_check)] {
+  MappedNpy labels = map_checked_npy(labels_path);
+  return mapped_dataset(std::move(features.array), std::move(labels.array), features_path, labels_path,
+                        [features_check = std::move(features.check), labels_check = std::move(labels.check)] {
                           features_check();
                           labels_check();
-                        });
+                        },
+                        features.uint16, labels.uint16);
 }
 
 SampleSource map_token_windows(const std::string& path, TokenDtype dtype, int64_t seq_len) {

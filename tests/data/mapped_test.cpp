@@ -101,6 +101,55 @@ TEST_F(MappedTest, SplitOfAMappedDataSetListsRowsAndLoadsAsInMemory) {
   }
 }
 
+// NumPy's uint16 has no tensor dtype in LibTorch 1.13: map_npy_dataset() keeps the file's bytes as int16 and a Loader
+// widens each batch's rows to int32 as it gathers them (values above 32767 here), in every placement, shuffled or
+// not, whole or split; the streaming scaling fit and a copy in memory see the same numbers, as inputs and as labels.
+TEST_F(MappedTest, UnsignedSixteenBitArraysAreWidenedAsTheirRowsAreGathered) {
+  const at::Tensor numbers = (torch::arange(60, at::kLong) * 4099 % 65536).to(at::kInt).reshape({12, 5});
+  const NpyHeader header = read_npy_header(npy("wide.npy"));
+  EXPECT_TRUE(header.uint16);
+  EXPECT_EQ(header.dtype, at::kShort);
+  EXPECT_EQ(error_message([&] { map_npy(npy("wide.npy")); }),
+            npy("wide.npy") + ": dtype '<u2' (unsigned 16-bit) has no LibTorch tensor dtype to map it as; "
+                              "map_npy_dataset() reads it, widening its rows to int32");
+
+  const Dataset mapped = map_npy_dataset(npy("wide.npy"), npy("labels.npy"));
+  EXPECT_EQ(mapped.description, npy("wide.npy") + " (mapped): 12 samples of shape [5], uint16, 3 classes");
+  Dataset copied;
+  copied.features = numbers.clone();
+  copied.labels = mapped.labels.clone();
+  const DatasetSplit map_parts = split(mapped, 0.25, 3);
+  const DatasetSplit memory_parts = split(copied, 0.25, 3);
+  const std::vector<std::pair<std::string, std::pair<Dataset, Dataset>>> cases = {
+      {"whole", {mapped, copied}}, {"train part", {map_parts.train, memory_parts.train}}};
+  for (const auto& [name, data] : cases) {
+    for (const Placement placement : {Placement::kDevice, Placement::kPinned}) {
+      for (const bool shuffle : {false, true}) {
+        const auto options = LoaderOptions(4).seed(2).shuffle(shuffle).placement(placement);
+        Loader a(data.first, cpu(), options);
+        Loader b(data.second, cpu(), options);
+        const std::string what = name + " " + to_string(placement) + (shuffle ? " shuffled" : "");
+        EXPECT_EQ(same_batches(a, b, what), (data.first.size() + 3) / 4) << what;
+      }
+    }
+    for (const Scaling scaling : {Scaling::kStandardize, Scaling::kMinMax}) {
+      const Normalization from_map = fit_normalization(data.first, scaling);
+      const Normalization from_memory = fit_normalization(data.second, scaling);
+      EXPECT_TRUE(torch::equal(from_map.mean, from_memory.mean)) << name;
+      EXPECT_TRUE(torch::equal(from_map.std, from_memory.std)) << name;
+      EXPECT_TRUE(torch::equal(from_map.apply(data.first).features, from_memory.apply(data.second).features)) << name;
+    }
+  }
+
+  const Dataset labelled = map_npy_dataset(npy("features.npy"), npy("wide.npy"));
+  EXPECT_EQ(labelled.num_classes, numbers.max().item<int64_t>() + 1);
+  Loader loader(labelled, cpu(), LoaderOptions(12).shuffle(false).placement(Placement::kPinned));
+  loader.start_epoch(0);
+  const auto batch = loader.next();
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_TRUE(torch::equal(batch->labels, numbers));
+}
+
 // The streaming fit gives today's formula bitwise on a block of rows, and the same result over listed rows of an
 // array as over those rows copied, across several blocks.
 TEST_F(MappedTest, StreamingScalingIsTheSameForListedRowsAndCopies) {
@@ -202,8 +251,8 @@ TEST_F(MappedTest, BadFilesAreOneLineErrorsNamingThem) {
             npy("big_endian.npy") + ": the array is big-endian ('>f4'); save it little-endian, e.g. with "
                                     "a.astype(a.dtype.newbyteorder('<'))");
   EXPECT_EQ(error_message([] { map_npy(npy("complex.npy")); }),
-            npy("complex.npy") + ": dtype '<c8' is not one dkit maps (f2, f4, f8, u1, i1, i2, i4, i8 or b1, "
-                                 "little-endian)");
+            npy("complex.npy") + ": dtype '<c8' is not one dkit maps (f2, f4, f8, u1, i1, u2, i2, i4, i8 or "
+                                 "b1, little-endian)");
   EXPECT_EQ(error_message([] { map_npy(npy("truncated.npy")); }),
             npy("truncated.npy") + ": the file is truncated: its header promises 240 bytes of data, it holds 232");
   EXPECT_EQ(error_message([] { map_npy(test::fixture("mlp_input.csv")); }).find(": not a .npy file"),

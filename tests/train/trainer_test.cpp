@@ -151,8 +151,9 @@ TEST_F(TrainerTest, ResumeFromACheckpointIsBitwiseExact) {
   expect_bitwise_equal(final_weights(tmp_.file("whole")), final_weights(tmp_.file("split")));
 }
 
-// The same samples mapped from .npy files (int32 labels, a folder or two files) or a safetensors file train the same
-// weights bitwise as in memory: the same split, the same streaming scaling statistics, the scaling per batch.
+// The same samples mapped from .npy files (int32, int64 or uint16 labels, a folder or two files) or a safetensors file
+// train the same weights bitwise as in memory: the same split, the same streaming scaling statistics, the scaling
+// per batch.
 TEST_F(TrainerTest, MappedFilesTrainTheSameWeightsAsTheSameDataInMemory) {
   const FullTrainConfig in_memory = small_run({"data.scaling=minmax"});
   const Dataset data = make_synthetic(SyntheticOptions(200, 8, 3).seed(static_cast<uint64_t>(in_memory.seed)));
@@ -160,6 +161,7 @@ TEST_F(TrainerTest, MappedFilesTrainTheSameWeightsAsTheSameDataInMemory) {
   test::write_npy(tmp_.file("npy/x.npy"), data.features);
   test::write_npy(tmp_.file("npy/y.npy"), data.labels.to(at::kInt));
   test::write_npy(tmp_.file("labels.npy"), data.labels);
+  test::write_npy(tmp_.file("labels_u2.npy"), data.labels.to(at::kShort), "<u2");
   StateDict tensors("state dict key");
   tensors.insert("x", data.features);
   tensors.insert("y", data.labels);
@@ -169,6 +171,7 @@ TEST_F(TrainerTest, MappedFilesTrainTheSameWeightsAsTheSameDataInMemory) {
   const std::vector<std::vector<std::string>> mapped = {
       {"data.source=npy", "data.path=" + tmp_.file("npy")},
       {"data.source=npy", "data.path=" + tmp_.file("npy/x.npy"), "data.targets=" + tmp_.file("labels.npy")},
+      {"data.source=npy", "data.path=" + tmp_.file("npy/x.npy"), "data.targets=" + tmp_.file("labels_u2.npy")},
       {"data.source=safetensors", "data.path=" + tmp_.file("data.safetensors")}};
   for (size_t i = 0; i < mapped.size(); ++i) {
     auto keys = mapped[i];
