@@ -5,7 +5,8 @@
 //   dkit_mapped_train mapped|memory X.npy Y.npy [BATCH] [SHUFFLE_BLOCK] [SECONDS]
 //   dkit_mapped_train read|read-in-order X.npy Y.npy [BATCH] [SHUFFLE_BLOCK] [SECONDS]
 //
-// X.npy holds uint8 inputs [N, F], Y.npy int64 labels [N] (scripts/make_npy_dataset.py writes both). `read` and
+// X.npy holds uint8 or uint16 inputs [N, F], Y.npy int64 labels [N] (scripts/make_npy_dataset.py writes both);
+// `memory` holds uint16 inputs as int32, as the Loader widens them. `read` and
 // `read-in-order` train nothing: they time a Loader's pass over the mapped file, shuffled (by blocks of
 // SHUFFLE_BLOCK samples when above 0) or in file order, and print the rate they read inputs at, to set beside `dd`'s
 // on the same file with a cold page cache. SHUFFLE_BLOCK also shuffles `mapped` training by blocks. SECONDS (0: no
@@ -74,8 +75,10 @@ int main(int argc, char** argv) try {
     return 0;
   }
   if (how == "memory") {
-    data.features = data.features.clone();
-    data.labels = data.labels.clone();
+    data.features = dkit::widen_uint16(data.features, data.features_uint16).clone();
+    data.labels = dkit::widen_uint16(data.labels, data.labels_uint16).clone();
+    data.features_uint16 = false;
+    data.labels_uint16 = false;
   }
   peak = std::max(peak, rss_anon());
   const int64_t features = data.features.numel() / std::max<int64_t>(data.size(), 1);
