@@ -49,7 +49,7 @@ struct Dataset {
 
 /// The numbers of an int16 array that holds unsigned 16-bit numbers (Dataset::features_uint16), as int32; the array
 /// itself when `uint16` is false.
-at::Tensor widen_uint16(const at::Tensor& array, bool uint16 = true);
+at::Tensor widen_uint16(const at::Tensor& array, bool uint16);
 
 /// Options for read_csv().
 struct CsvOptions {
