@@ -75,8 +75,11 @@ int main(int argc, char** argv) try {
     return 0;
   }
   if (how == "memory") {
-    data.features = dkit::widen_uint16(data.features, data.features_uint16).clone();
-    data.labels = dkit::widen_uint16(data.labels, data.labels_uint16).clone();
+    const auto in_memory = [](const torch::Tensor& array, bool uint16) {
+      return uint16 ? dkit::widen_uint16(array, true) : array.clone();
+    };
+    data.features = in_memory(data.features, data.features_uint16);
+    data.labels = in_memory(data.labels, data.labels_uint16);
     data.features_uint16 = false;
     data.labels_uint16 = false;
   }
