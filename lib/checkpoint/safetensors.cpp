@@ -357,6 +357,11 @@ SafetensorsFile read_source(const detail::ByteSource& file, const std::string& p
   for (size_t i = 0; i < sizeof(length); ++i) {
     header_bytes |= static_cast<uint64_t>(length[i]) << (8 * i);
   }
+  if (header_bytes > size - 8 && size > 8) {
+    char first = '\0';
+    DKIT_CHECK(file.read_exact(8, &first, 1) && first == '{', path,
+               ": not a safetensors file: it does not start with an 8-byte header length and a JSON object");
+  }
   DKIT_CHECK(header_bytes <= size - 8, path, ": the header length is ", header_bytes, " bytes but only ", size - 8,
              " bytes follow it (the file may have been cut short)");
   DKIT_CHECK(header_bytes <= static_cast<uint64_t>(limits.max_header_bytes()), path, ": the header is ",

@@ -286,6 +286,14 @@ TEST_F(SafetensorsTest, ExplainsAHeaderLengthPastTheFile) {
                     "header; the file may have been cut short)");
 }
 
+TEST_F(SafetensorsTest, SaysWhenAFileIsNotSafetensorsAtAll) {
+  const std::string not_safetensors = path_ + ": not a safetensors file: it does not start with an 8-byte header "
+                                              "length and a JSON object";
+  EXPECT_EQ(read_error("label,pixel0\n3,0\n"), not_safetensors);
+  EXPECT_EQ(read_error(craft("[]", "", 1000)), not_safetensors);
+  EXPECT_EQ(read_error(std::string(64, '\xff')), not_safetensors);
+}
+
 TEST_F(SafetensorsTest, ExplainsAHeaderThatIsNotAJsonObject) {
   EXPECT_EQ(read_error(craft("[1]")),
             path_ + ": the header does not start with '{': a safetensors header is a JSON object");
