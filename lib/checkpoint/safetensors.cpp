@@ -53,15 +53,6 @@ std::string offsets_text(uint64_t begin, uint64_t end) {
   return detail::concat("[", begin, ", ", end, "]");
 }
 
-template <typename Size>
-std::string shape_text(const std::vector<Size>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    text += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 std::string json_type(const Json& value) {
   if (value.is_number_unsigned()) {
     return "an integer";
@@ -260,7 +251,7 @@ Entry read_entry(const std::string& path, const std::string& name, const Json& v
   const size_t item_size = c10::elementSize(entry.dtype);
   overflow = overflow || __builtin_mul_overflow(elements, item_size, &entry.bytes) ||
              strided > static_cast<uint64_t>(INT64_MAX) / item_size;
-  DKIT_CHECK(!overflow, where, " has shape ", shape_text(sizes), ", whose size overflows 64 bits");
+  DKIT_CHECK(!overflow, where, " has shape ", c10::ArrayRef<uint64_t>(sizes), ", whose size overflows 64 bits");
 
   const auto offsets = value.find("data_offsets");
   DKIT_CHECK(offsets != value.end(), where, " has no data_offsets");
@@ -291,7 +282,7 @@ void check_layout(const std::string& path, const std::vector<Entry>& entries, ui
     DKIT_CHECK(entry.end <= data_bytes, where, ", past the end of the data (", data_bytes,
                " bytes after the header; the file may have been cut short)");
     DKIT_CHECK(entry.end - entry.begin == entry.bytes, where, ", ", entry.end - entry.begin, " bytes, but shape ",
-               shape_text(entry.shape), " of ", name_of(kSafetensorsDtypes, entry.dtype), " needs ", entry.bytes,
+               c10::IntArrayRef(entry.shape), " of ", name_of(kSafetensorsDtypes, entry.dtype), " needs ", entry.bytes,
                " bytes");
     DKIT_CHECK(entry.bytes <= static_cast<uint64_t>(limits.max_record_bytes()), path, ": tensor '", entry.name,
                "' is ", entry.bytes, " bytes, more than the limit of ", limits.max_record_bytes(),

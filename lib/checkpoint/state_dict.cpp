@@ -7,7 +7,6 @@
 #include <torch/torch.h>
 
 #include <set>
-#include <sstream>
 
 namespace dkit {
 namespace {
@@ -25,12 +24,6 @@ std::string quoted_keys(const std::vector<std::string>& keys) {
     out += (i == 0 ? "\"" : ", \"") + keys[i] + "\"";
   }
   return out;
-}
-
-std::string shape(const at::Tensor& tensor) {
-  std::ostringstream out;
-  out << tensor.sizes();
-  return out.str();
 }
 
 std::string describe_root(const PickleValue& root) {
@@ -180,8 +173,9 @@ LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& 
       continue;
     }
     if (source->sizes() != target.value().sizes()) {
-      errors.push_back("size mismatch for " + target.key() + ": copying a param with shape " + shape(*source) +
-                       " from checkpoint, the shape in current model is " + shape(target.value()) + ".");
+      errors.push_back(detail::concat("size mismatch for ", target.key(), ": copying a param with shape ",
+                                      source->sizes(), " from checkpoint, the shape in current model is ",
+                                      target.value().sizes(), "."));
     } else if (source->scalar_type() != target.value().scalar_type() &&
                !(source->is_floating_point() && target.value().is_floating_point())) {
       errors.push_back("dtype mismatch for " + target.key() + ": copying a param of dtype " +

@@ -1,10 +1,13 @@
 #include <dkit/core/format.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 namespace dkit {
 namespace {
@@ -103,6 +106,16 @@ std::string dtype_name(c10::ScalarType dtype) {
     case c10::kComplexDouble: return "complex128";
     default: return c10::toString(dtype);
   }
+}
+
+std::string format_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
+  std::ostringstream out;
+  out << c10::IntArrayRef(shape) << " (" << dtype_name(dtype) << ")";
+  return out.str();
+}
+
+std::string format_tensor(const at::Tensor& tensor) {
+  return tensor.defined() ? format_tensor(tensor.sizes().vec(), tensor.scalar_type()) : "(none)";
 }
 
 } // namespace dkit

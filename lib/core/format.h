@@ -2,7 +2,13 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+} // namespace at
 
 namespace dkit {
 
@@ -33,5 +39,11 @@ std::string printable(const std::string& text);
 
 /// Python's name for a dtype (`float32`, `bfloat16`, `int64`, ...).
 std::string dtype_name(c10::ScalarType dtype);
+
+/// A shape and a dtype as messages give them: `[64, 784] (float32)`, the shape as LibTorch prints sizes.
+std::string format_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype);
+
+/// format_tensor() of a tensor's shape and dtype, or `(none)` for an undefined tensor.
+std::string format_tensor(const at::Tensor& tensor);
 
 } // namespace dkit

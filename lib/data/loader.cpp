@@ -116,9 +116,8 @@ struct LoaderRows {
                     const char* what) const {
     DKIT_CHECK(tensor.defined() && tensor.sizes() == at::IntArrayRef(row) && tensor.scalar_type() == dtype,
                description, ": sample ", index, " has ", what, " ",
-               tensor.defined() ? concat(tensor.sizes(), " (", dtype_name(tensor.scalar_type()), ")") : "(none)",
-               " but sample 0 has ", at::IntArrayRef(row), " (", dtype_name(dtype),
-               "): every sample must have the same shapes and dtypes");
+               format_tensor(tensor), " but sample 0 has ", format_tensor(row, dtype),
+               ": every sample must have the same shapes and dtypes");
   }
 
   // The rows of `features` and `labels` that hold the samples `indices[0, count)`: row_map's rows for a part that

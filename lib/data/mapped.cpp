@@ -116,14 +116,6 @@ uint32_t little_endian(const unsigned char* bytes, size_t count) {
   return value;
 }
 
-std::string shape_text(c10::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    text += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 // A file opened for reading, with its size; closed when it goes. Errors name the file.
 class ReadOnlyFile {
  public:
@@ -283,9 +275,9 @@ Dataset mapped_dataset(at::Tensor features, at::Tensor labels, const std::string
   data.features_uint16 = features_uint16;
   data.check_files = std::move(check_files);
   DKIT_CHECK(data.features.dim() >= 1, features_name, ": a data set's inputs need a shape [N, ...], got a scalar");
-  data.description = features_name + " (mapped): " + std::to_string(data.features.size(0)) + " samples of shape " +
-                     shape_text(data.features.sizes().slice(1)) + ", " +
-                     (features_uint16 ? "uint16" : dtype_name(data.features.scalar_type()));
+  data.description = detail::concat(features_name, " (mapped): ", data.features.size(0), " samples of shape ",
+                                    data.features.sizes().slice(1), ", ",
+                                    features_uint16 ? "uint16" : dtype_name(data.features.scalar_type()));
   if (!labels.defined()) {
     return data;
   }

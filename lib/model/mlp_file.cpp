@@ -9,18 +9,11 @@
 #include <torch/torch.h>
 
 #include <set>
-#include <sstream>
 
 namespace dkit {
 namespace {
 
 using detail::Fields;
-
-std::string shape(const at::Tensor& tensor) {
-  std::ostringstream out;
-  out << tensor.sizes();
-  return out.str();
-}
 
 void check_activation(const std::string& name, const std::string& where) {
   DKIT_CHECK(try_parse(kActivationNames, name).has_value(), where, ": unknown activation '", name,
@@ -112,7 +105,7 @@ Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptio
       continue;
     }
     DKIT_CHECK(tensor->dim() == 1 && tensor->size(0) == item.value().size(0), source, ": bias '", bias,
-               "' has shape ", shape(*tensor), " but its weight '", name, "' has shape ", shape(item.value()),
+               "' has shape ", tensor->sizes(), " but its weight '", name, "' has shape ", item.value().sizes(),
                ", so the bias should have shape [", item.value().size(0), "]");
     biases.push_back(bias);
     used.insert(bias);
@@ -121,11 +114,11 @@ Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptio
   for (const auto& name : weights) {
     const at::Tensor& weight = state_dict[name];
     const auto stored = static_cast<int64_t>(weight.storage().nbytes() / weight.element_size());
-    DKIT_CHECK(weight.numel() <= stored, source, ": '", name, "' has shape ", shape(weight), " but its storage holds ",
+    DKIT_CHECK(weight.numel() <= stored, source, ": '", name, "' has shape ", weight.sizes(), " but its storage holds ",
                stored, " values: an expanded view cannot be a layer's weight");
   }
   for (const auto& item : state_dict) {
-    DKIT_CHECK(used.count(item.key()) != 0, source, ": tensor '", item.key(), "' of shape ", shape(item.value()),
+    DKIT_CHECK(used.count(item.key()) != 0, source, ": tensor '", item.key(), "' of shape ", item.value().sizes(),
                " is not part of an MLP: only 2-D weights and the biases named like them are read");
   }
   const auto with_bias = std::count_if(biases.begin(), biases.end(), [](const auto& b) { return !b.empty(); });
@@ -135,8 +128,8 @@ Mlp mlp_from_state_dict(const StateDict& state_dict, const MlpFromStateDictOptio
   for (size_t i = 1; i < weights.size(); ++i) {
     const at::Tensor& previous = state_dict[weights[i - 1]];
     const at::Tensor& next = state_dict[weights[i]];
-    DKIT_CHECK(previous.size(0) == next.size(1), source, ": layers '", weights[i - 1], "' ", shape(previous),
-               " and '", weights[i], "' ", shape(next), " do not chain: the first gives ", previous.size(0),
+    DKIT_CHECK(previous.size(0) == next.size(1), source, ": layers '", weights[i - 1], "' ", previous.sizes(),
+               " and '", weights[i], "' ", next.sizes(), " do not chain: the first gives ", previous.size(0),
                " features, the second takes ", next.size(1));
     hidden.push_back(previous.size(0));
   }

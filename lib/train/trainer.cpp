@@ -26,7 +26,6 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 namespace dkit {
 namespace {
@@ -55,15 +54,6 @@ class OptionalSyncCheck {
   std::optional<ScopedSyncCheck> check_;
 #endif
 };
-
-std::string shape_text(const at::Tensor& tensor) {
-  if (!tensor.defined()) {
-    return "(none)";
-  }
-  std::ostringstream out;
-  out << tensor.sizes() << " (" << dtype_name(tensor.scalar_type()) << ")";
-  return out.str();
-}
 
 // The name `module` gives `parameter` (the same tensor), or empty when it is not one of its parameters.
 std::string parameter_name(const torch::nn::Module& module, const at::Tensor& parameter) {
@@ -596,13 +586,13 @@ struct Trainer::Impl {
   void check_result(const StepResult& result, const char* step_name) const {
     DKIT_CHECK(result.loss.defined(), step_name, " returned no loss");
     DKIT_CHECK(result.loss.dim() == 0 && result.loss.is_floating_point(), step_name, " returned a loss of shape ",
-               shape_text(result.loss),
+               format_tensor(result.loss),
                ": a loss must be a 0-d floating-point tensor, the mean over the batch (reduce it, e.g. with .mean())");
     DKIT_CHECK(result.metrics.size() == metric_names.size(), step_name, " returned ", result.metrics.size(),
                " metric(s), but metric_names() names ", metric_names.size());
     for (size_t i = 0; i < metric_names.size(); ++i) {
       DKIT_CHECK(result.metrics[i].defined() && result.metrics[i].dim() == 0, step_name, " returned metric '",
-                 metric_names[i], "' of shape ", shape_text(result.metrics[i]),
+                 metric_names[i], "' of shape ", format_tensor(result.metrics[i]),
                  ": a metric must be a 0-d tensor, the mean over the batch");
     }
   }
@@ -624,7 +614,7 @@ struct Trainer::Impl {
         message.resize(newline);
       }
       throw Error(fmt::format("{} failed on a batch of features {} and labels {} in module {}: {}", step_name,
-                              shape_text(batch.features), shape_text(batch.labels), task->description(), message));
+                              format_tensor(batch.features), format_tensor(batch.labels), task->description(), message));
     }
   }
 

@@ -1,6 +1,7 @@
 #include <dkit/core/format.h>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <cstdlib>
 #include <limits>
@@ -44,6 +45,13 @@ TEST(FormatTest, PrintableWritesControlCharactersAsHexEscapesAndKeepsEveryOtherB
   EXPECT_EQ(printable(std::string("a\0b", 3)), "a\\x00b");
   EXPECT_EQ(printable("caf\xc3\xa9 \xff ~"), "caf\xc3\xa9 \xff ~");
   EXPECT_EQ(printable(""), "");
+}
+
+TEST(FormatTest, TensorsReadAsTheirShapeAndDtype) {
+  EXPECT_EQ(format_tensor(torch::zeros({64, 784})), "[64, 784] (float32)");
+  EXPECT_EQ(format_tensor(torch::zeros({}, torch::kLong)), "[] (int64)");
+  EXPECT_EQ(format_tensor(at::Tensor()), "(none)");
+  EXPECT_EQ(format_tensor({3, 0}, c10::kBFloat16), "[3, 0] (bfloat16)");
 }
 
 TEST(FormatTest, RatesReadAsPeopleSayThem) {
