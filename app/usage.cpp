@@ -1,6 +1,7 @@
 #include "usage.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 
 namespace dkit::app {
@@ -27,6 +28,32 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
+// `message` with cxxopts' typographic quotes (‘ and ’) made plain, as dkit's other messages quote.
+std::string plain_quotes(std::string message) {
+  for (const std::string quote : {"\u2018", "\u2019"}) {
+    for (size_t at = message.find(quote); at != std::string::npos; at = message.find(quote, at + 1)) {
+      message.replace(at, quote.size(), "'");
+    }
+  }
+  return message;
+}
+
+// The `--name` and `-n` spellings of every option of `options`.
+std::vector<std::string> option_spellings(const cxxopts::Options& options) {
+  std::vector<std::string> spellings;
+  for (const auto& group : options.groups()) {
+    for (const auto& option : options.group_help(group).options) {
+      if (!option.s.empty()) {
+        spellings.push_back("-" + option.s);
+      }
+      for (const auto& name : option.l) {
+        spellings.push_back("--" + name);
+      }
+    }
+  }
+  return spellings;
+}
+
 } // namespace
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
@@ -50,14 +77,27 @@ void unknown_name(const std::string& kind, const std::string& word, const std::v
 }
 
 cxxopts::ParseResult parse_arguments(cxxopts::Options& options, const Args& args, bool has_set) {
-  cxxopts::ParseResult result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
-  if (result.unmatched().empty()) {
-    return result;
+  try {
+    cxxopts::ParseResult result = options.parse(static_cast<int>(args.argv.size()), args.argv.data());
+    if (result.unmatched().empty()) {
+      return result;
+    }
+    const std::string& word = result.unmatched().front();
+    const bool setting = has_set && word.find('=') != std::string::npos && word.front() != '-';
+    throw UsageError("unexpected argument '" + word + "' to " + args.program + "; " +
+                     (setting ? "did you mean '--set " + word + "'? See '" : "see '") + args.program + " --help'");
+  } catch (const cxxopts::exceptions::parsing& e) {
+    std::string message = plain_quotes(e.what());
+    const size_t begin = message.find('\'');
+    const size_t end = message.find('\'', begin + 1);
+    if (dynamic_cast<const cxxopts::exceptions::no_such_option*>(&e) != nullptr && end != std::string::npos) {
+      const std::string name = message.substr(begin + 1, end - begin - 1);
+      unknown_name("option", (name.size() == 1 ? "-" : "--") + name, option_spellings(options),
+                   args.program + " --help");
+    }
+    message[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(message[0])));
+    throw UsageError(message + "; see '" + args.program + " --help'");
   }
-  const std::string& word = result.unmatched().front();
-  const bool setting = has_set && word.find('=') != std::string::npos && word.front() != '-';
-  throw UsageError("unexpected argument '" + word + "' to " + args.program + "; " +
-                   (setting ? "did you mean '--set " + word + "'? See '" : "see '") + args.program + " --help'");
 }
 
 } // namespace dkit::app

@@ -29,7 +29,9 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 /// Parses a verb's `args` with its `options` and throws the UsageError for the first argument that no option or
 /// operand took (cxxopts leaves those in `unmatched()`): `unexpected argument 'ARG' to dkit VERB; see 'dkit VERB
 /// --help'`, or, when the verb has `--set` (`has_set`) and ARG looks like KEY=VALUE, `unexpected argument 'ARG' to
-/// dkit VERB; did you mean '--set ARG'? See 'dkit VERB --help'`.
+/// dkit VERB; did you mean '--set ARG'? See 'dkit VERB --help'`. An option the verb does not have is
+/// `unknown option '--NAME'` with a suggestion as unknown_name() gives one; cxxopts' other parse errors keep their
+/// text, with plain quotes and the verb's help named.
 cxxopts::ParseResult parse_arguments(cxxopts::Options& options, const Args& args, bool has_set = false);
 
 } // namespace dkit::app
