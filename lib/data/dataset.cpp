@@ -474,12 +474,19 @@ Dataset make_synthetic_images(int64_t samples, int64_t side, int64_t classes, ui
 
 namespace {
 
-std::string part_description(const Dataset& data, int64_t rows, const std::string& part) {
-  return concat(data.description, " [", part, ": ", rows, " of ", data.size(), "]");
+// The part `part` of `data`, `rows` of its samples, with all but its tensors: the class count, how its numbers are
+// held and its description.
+Dataset part_of(const Dataset& data, int64_t rows, const std::string& part) {
+  Dataset out;
+  out.num_classes = data.num_classes;
+  out.features_uint16 = data.features_uint16;
+  out.labels_uint16 = data.labels_uint16;
+  out.description = concat(data.description, " [", part, ": ", rows, " of ", data.size(), "]");
+  return out;
 }
 
 Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& part) {
-  Dataset subset;
+  Dataset subset = part_of(data, indices.size(0), part);
   const at::Tensor rows = data.rows.defined() ? data.rows.index_select(0, indices) : indices;
   if (data.mapped) {
     subset.features = data.features;
@@ -493,10 +500,6 @@ Dataset take(const Dataset& data, const at::Tensor& indices, const std::string& 
       subset.labels = data.labels.index_select(0, rows);
     }
   }
-  subset.num_classes = data.num_classes;
-  subset.features_uint16 = data.features_uint16;
-  subset.labels_uint16 = data.labels_uint16;
-  subset.description = part_description(data, indices.size(0), part);
   return subset;
 }
 
@@ -566,15 +569,11 @@ DatasetSplit split(Dataset&& data, double val_fraction, uint64_t seed) {
   const int64_t n_train = train_indices.size(0);
   const int64_t n_val = val_indices.size(0);
   const auto part = [&data](int64_t begin, int64_t rows, const char* name) {
-    Dataset out;
+    Dataset out = part_of(data, rows, name);
     out.features = data.features.narrow(0, begin, rows);
     if (data.has_labels()) {
       out.labels = data.labels.narrow(0, begin, rows);
     }
-    out.num_classes = data.num_classes;
-    out.features_uint16 = data.features_uint16;
-    out.labels_uint16 = data.labels_uint16;
-    out.description = part_description(data, rows, name);
     return out;
   };
   DatasetSplit parts{part(0, n_train, "train"), part(n_train, n_val, "val")};
