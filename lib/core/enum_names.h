@@ -53,9 +53,9 @@ std::optional<Enum> try_parse(const EnumNames<Enum, N>& names, std::string_view 
 
 /// The names for a message or a doc, in table order: `a, b or c` by default; `last` joins the last two
 /// (`list_names(names, /*last=*/", ")` is `a, b, c`) and `quote` goes around each name
-/// (with a backtick as `quote`, the names come out as code spans).
-template <typename Enum, std::size_t N>
-std::string list_names(const EnumNames<Enum, N>& names, std::string_view last = " or ", std::string_view quote = "") {
+/// (with a backtick as `quote`, the names come out as code spans). Any table of entries with a `name` will do.
+template <typename Entry, std::size_t N>
+std::string list_names(const std::array<Entry, N>& names, std::string_view last = " or ", std::string_view quote = "") {
   std::string listing;
   for (std::size_t i = 0; i < N; ++i) {
     if (i > 0) {

@@ -1,5 +1,6 @@
 #include <dkit/data/mapped.h>
 
+#include <dkit/core/enum_names.h>
 #include <dkit/core/error.h>
 #include <dkit/core/format.h>
 
@@ -11,9 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
-#include <iterator>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -24,26 +25,17 @@ namespace {
 constexpr std::string_view kNpyMagic = "\x93NUMPY";
 
 struct NpyDtype {
-  std::string_view code;
+  std::string_view name;
   c10::ScalarType dtype;
   bool uint16 = false;
 };
 
-constexpr NpyDtype kNpyDtypes[] = {
+constexpr std::array<NpyDtype, 10> kNpyDtypes = {{
     {"f2", c10::ScalarType::Half}, {"f4", c10::ScalarType::Float}, {"f8", c10::ScalarType::Double},
     {"u1", c10::ScalarType::Byte}, {"i1", c10::ScalarType::Char},  {"u2", c10::ScalarType::Short, true},
     {"i2", c10::ScalarType::Short}, {"i4", c10::ScalarType::Int},  {"i8", c10::ScalarType::Long},
     {"b1", c10::ScalarType::Bool},
-};
-
-// The names of the dtypes dkit maps, for errors: "f2, f4, ... or b1".
-std::string npy_dtype_list() {
-  std::string list;
-  for (size_t i = 0; i < std::size(kNpyDtypes); ++i) {
-    list += (i == 0 ? "" : i + 1 == std::size(kNpyDtypes) ? " or " : ", ") + std::string(kNpyDtypes[i].code);
-  }
-  return list;
-}
+}};
 
 // The value of `key` in the header's Python dict literal, up to the next top-level comma or the closing brace.
 std::string_view dict_value(std::string_view header, std::string_view key, const std::string& source) {
@@ -217,14 +209,14 @@ NpyHeader parse_npy_header(std::string_view bytes, int64_t file_size, const std:
              "); save it little-endian, e.g. with a.astype(a.dtype.newbyteorder('<'))");
   bool known = false;
   for (const auto& entry : kNpyDtypes) {
-    if (entry.code == code && (order == '<' || order == '|' || order == '=')) {
+    if (entry.name == code && (order == '<' || order == '|' || order == '=')) {
       result.dtype = entry.dtype;
       result.uint16 = entry.uint16;
       known = true;
     }
   }
-  DKIT_CHECK(known, source, ": dtype ", printable(std::string(descr)), " is not one dkit maps (", npy_dtype_list(),
-             ", little-endian)");
+  DKIT_CHECK(known, source, ": dtype ", printable(std::string(descr)), " is not one dkit maps (",
+             list_names(kNpyDtypes), ", little-endian)");
   const std::string_view fortran = dict_value(header, "fortran_order", source);
   DKIT_CHECK(fortran == "False" || fortran == "True", source, ": the .npy header's fortran_order is ",
              printable(std::string(fortran)), ", expected True or False");
